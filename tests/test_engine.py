@@ -1,0 +1,208 @@
+"""Laws of the pure engine: frontiers, remap, reclocked, compaction, resumption."""
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from reclock.engine import (
+    Frontier, FrontierError, Remap, RemapError, as_of, compact_updates, offset_resumption_frontier,
+    reclock, timestamp_resumption_frontier,
+)
+
+PM = 3_600_000  # one hour in ms; 1pm..4pm as IntoTimes
+ONE, TWO, THREE = 13 * PM, 14 * PM, 15 * PM
+
+
+# --- seed 002: two partitions, partially ordered times -------------------------------------------
+
+SEED_002_DATA = [("a", 0, 0), ("b", 0, 1), ("c", 0, 2), ("d", 0, 3),
+                 ("e", 1, 0), ("f", 1, 1), ("g", 1, 2), ("h", 1, 3)]
+
+
+def seed_002_remap() -> Remap:
+    return (Remap()
+            .mint(ONE, Frontier.of({0: 0, 1: 0}))
+            .mint(TWO, Frontier.of({0: 3, 1: 1}))
+            .mint(THREE, Frontier.of({0: 4, 1: 3})))
+
+
+def test_seed_002_two_partition_example():
+    reclocked = reclock([(d, p, o, 1) for d, p, o in SEED_002_DATA], seed_002_remap())
+    assert set(as_of(reclocked, ONE)) == set()
+    assert set(as_of(reclocked, TWO)) == {"a", "b", "c", "e"}
+    assert set(as_of(reclocked, THREE)) - set(as_of(reclocked, TWO)) == {"d", "f", "g"}
+    assert "h" not in {r.data for r in reclocked}
+
+
+def test_seed_001_increments_are_the_stored_form():
+    remap = Remap().mint(1649686076392, Frontier.of({1: 43, 2: 41})).mint(1649686079487, Frontier.of({1: 46, 2: 45}))
+    assert sorted(remap.increments()) == sorted([
+        (1, 1649686076392, 43), (2, 1649686076392, 41), (1, 1649686079487, 3), (2, 1649686079487, 4)])
+    # seed 001 "offsets 0-42 inclusive" is upper 43: offset 42 is in, 43 is not
+    assert remap.into_time_of(1, 42) == 1649686076392
+    assert remap.into_time_of(1, 43) == 1649686079487
+    assert remap.into_time_of(1, 46) is None
+
+
+def test_progress_relation_rows():
+    rows = seed_002_remap().progress()
+    assert (TWO, 0, 3) in rows and (THREE, 1, 3) in rows and len(rows) == 4
+
+
+# --- clear errors, nothing changed --------------------------------------------------------------
+
+def test_mint_refuses_non_increasing_time_and_backwards_frontier():
+    remap = seed_002_remap()
+    with pytest.raises(RemapError, match="strictly increase"):
+        remap.mint(THREE, Frontier.of({0: 5, 1: 5}))
+    with pytest.raises(RemapError, match="not monotone"):
+        remap.mint(THREE + 1, Frontier.of({0: 3, 1: 9}))
+    assert remap == seed_002_remap()
+
+
+def test_frontier_rejects_bad_values():
+    with pytest.raises(FrontierError):
+        Frontier.of({0: -1})
+    with pytest.raises(FrontierError):
+        Frontier.of({0: "3"})
+
+
+def test_queries_outside_the_readable_window_are_refused():
+    remap = seed_002_remap().compact(TWO)
+    with pytest.raises(RemapError, match="compacted"):
+        remap.at(ONE)
+    with pytest.raises(RemapError, match="not complete"):
+        remap.at(remap.upper)
+    assert remap.at(TWO) == Frontier.of({0: 3, 1: 1})
+
+
+def test_new_partition_keeps_monotonicity():
+    remap = Remap().mint(1, Frontier.of({0: 5})).mint(2, Frontier.of({0: 5, 7: 2}))
+    assert remap.bindings[0].frontier.less_equal(remap.bindings[1].frontier)
+    assert remap.into_time_of(7, 0) == 2
+
+
+def test_idle_tick_advances_upper_without_a_row():
+    remap = seed_002_remap()
+    idle = remap.mint(THREE + 10, remap.frontier)
+    assert idle.upper == THREE + 11 and idle.bindings == remap.bindings
+    assert Remap.from_increments(idle.increments(), idle.since, idle.upper) == idle
+
+
+# --- properties --------------------------------------------------------------------------------
+
+partitions = st.sampled_from([0, 1, 2, "k"])
+
+
+@st.composite
+def remaps(draw, max_ticks=8):
+    """A remap grown by random ticks: time gaps, per-partition growth, partitions appearing late."""
+    remap, time = Remap(), draw(st.integers(0, 10))
+    for _ in range(draw(st.integers(0, max_ticks))):
+        time += draw(st.integers(1, 5))
+        grow = draw(st.dictionaries(partitions, st.integers(0, 4), max_size=3))
+        remap = remap.mint(time, remap.frontier.advanced_by(grow))
+    return remap
+
+
+@st.composite
+def remap_and_updates(draw):
+    remap = draw(remaps())
+    updates = draw(st.lists(st.tuples(st.sampled_from("xyz"), partitions, st.integers(0, 20), st.sampled_from([1, -1, 2])),
+                            max_size=40))
+    return remap, updates
+
+
+@given(remaps())
+def test_remap_is_monotone(remap):
+    for before, after in zip(remap.bindings, remap.bindings[1:]):
+        assert before.into_time < after.into_time
+        assert before.frontier.less_equal(after.frontier)
+
+
+@given(remaps())
+def test_increments_round_trip_is_deterministic_replay(remap):
+    assert Remap.from_increments(remap.increments(), remap.since, remap.upper) == remap
+    assert Remap.from_increments(list(reversed(remap.increments())), remap.since, remap.upper) == remap
+
+
+@given(remap_and_updates())
+def test_every_record_lands_at_its_first_covering_binding(case):
+    remap, updates = case
+    for data, p, o, t, _ in reclock(updates, remap):
+        assert remap.at(t).covers(p, o)
+        earlier = [b for b in remap.bindings if b.into_time < t]
+        assert not earlier or not earlier[-1].frontier.covers(p, o)
+    for data, p, o, diff in updates:
+        if not remap.frontier.covers(p, o):
+            assert remap.into_time_of(p, o) is None
+
+
+@given(remap_and_updates())
+def test_reclock_is_monotone_in_offsets(case):
+    remap, updates = case
+    stamped = reclock(updates, remap)
+    for a in stamped:
+        for b in stamped:
+            if a.partition == b.partition and a.offset <= b.offset:
+                assert a.into_time <= b.into_time
+
+
+@given(remap_and_updates(), st.integers(0, 60))
+def test_compaction_commutes_with_reclocking(case, since):
+    remap, updates = case
+    since = min(since, remap.upper - 1) if remap.upper > 0 else 0
+    compacted = remap.compact(since)
+    assert compact_updates(reclock(updates, compacted), since) == compact_updates(reclock(updates, remap), since)
+    for t in range(max(since, compacted.since), remap.upper):
+        assert compacted.at(t) == remap.at(t)
+
+
+@given(remap_and_updates())
+def test_ranges_partition_exactly_the_covered_offsets(case):
+    remap, _ = case
+    seen = Counter()
+    for into_time, p, start, end in remap.ranges():
+        assert start < end
+        for o in range(start, end):
+            seen[(p, o)] += 1
+            assert remap.into_time_of(p, o) == into_time
+    assert seen == Counter({(p, o): 1 for p, u in remap.frontier for o in range(u)})
+
+
+@given(remaps(), st.data())
+def test_ranges_from_a_time_resume_where_earlier_ones_stop(remap, data):
+    if not remap.bindings:
+        return
+    cut = data.draw(st.sampled_from([b.into_time for b in remap.bindings]))
+    before = [r for r in remap.ranges() if r.into_time < cut]
+    assert before + remap.ranges(cut) == remap.ranges()
+
+
+@given(remaps(), st.data())
+def test_reclock_frontier_inverts_at(remap, data):
+    for binding in remap.bindings:
+        assert remap.reclock_frontier(binding.frontier) > binding.into_time
+    assert remap.reclock_frontier(remap.frontier) == remap.upper
+    assert remap.reclock_frontier(Frontier()) == (remap.bindings[0].into_time if remap.bindings else remap.upper)
+
+
+@given(remaps(), st.integers(0, 80), st.integers(0, 80))
+def test_offset_resumption_frontier_is_what_is_durable(remap, remap_upper_cut, reclocked_upper):
+    resume = timestamp_resumption_frontier(remap.upper, reclocked_upper)
+    offsets = offset_resumption_frontier(remap, resume)
+    assert offsets.less_equal(remap.frontier)
+    # every record below the offset frontier is reclocked strictly before the resumption time
+    for p, upper in offsets:
+        for o in range(upper):
+            assert remap.into_time_of(p, o) < resume
+
+
+@settings(max_examples=50)
+@given(remap_and_updates(), st.integers(0, 60), st.integers(0, 60))
+def test_compactions_compose(case, s1, s2):
+    remap, updates = case
+    if remap.upper == 0:
+        return
+    s1, s2 = sorted((min(s1, remap.upper - 1), min(s2, remap.upper - 1)))
+    assert remap.compact(s1).compact(s2) == remap.compact(s2)
