@@ -1,0 +1,338 @@
+"""Kafka as a reclock :class:`~reclock.sources.base.Source` (confluent-kafka / librdkafka).
+
+Gauge: ``(partition: int32, offset)``.  ``upper()`` is, per partition, the offset ListOffsets
+returns for "latest" under the consumer's ``isolation.level``: the high watermark under
+``read_uncommitted``, the *last stable offset* (first offset of the oldest open transaction)
+under ``read_committed``.  Every offset below it is final: either a record that will never
+change, a transaction control marker, or (read_committed) a record of an aborted transaction,
+so reads of ranges below the upper are exact and repeatable.
+
+Reads assign the partition at an explicit offset (no group subscription, no rebalances) and
+stop as soon as the consumer position reaches ``end``; offsets that carry no visible record
+(control markers, aborted records) are simply absent from the output.
+
+Commits write the consumer group's committed offsets, which in Kafka mean "next offset to
+read" - the same meaning as a frontier's upper.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+
+from ..engine import Frontier, Partition
+from .base import SourceError
+
+log = logging.getLogger(__name__)
+
+_ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+_OFFSET_INVALID = -1001
+
+
+class KafkaSource:
+    partition_type = pa.int32()
+    data_schema = pa.schema([
+        pa.field("key", pa.string()),
+        pa.field("value", pa.string()),
+        pa.field("timestamp_ms", pa.int64()),
+    ])
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        group_id: str,
+        isolation_level: str = "read_committed",
+        encoding: str = "utf-8",
+        timeout_s: float = 10.0,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``timeout_s`` bounds every broker call (and a read that stops making progress);
+        ``config`` adds librdkafka properties (security, client.id, ...)."""
+        if not bootstrap_servers or not isinstance(bootstrap_servers, str):
+            raise SourceError(f"bootstrap_servers must be a non-empty string, got {bootstrap_servers!r}")
+        if not topic or not isinstance(topic, str):
+            raise SourceError(f"topic must be a non-empty string, got {topic!r}")
+        if not group_id or not isinstance(group_id, str):
+            raise SourceError(f"group_id must be a non-empty string, got {group_id!r}")
+        if isolation_level not in _ISOLATION_LEVELS:
+            raise SourceError(f"isolation_level must be one of {_ISOLATION_LEVELS}, got {isolation_level!r}")
+        try:
+            "".encode(encoding)
+        except LookupError as e:
+            raise SourceError(f"unknown encoding {encoding!r}") from e
+        if timeout_s <= 0:
+            raise SourceError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.group_id = group_id
+        self.isolation_level = isolation_level
+        self.encoding = encoding
+        self.timeout_s = float(timeout_s)
+        self.config = dict(config or {})
+        self._consumer = None  # metadata, watermarks, commits
+        self._reader = None  # assign/seek reads
+        self._reading = False
+        # Fail fast on bad librdkafka properties (no connection is made yet).
+        self._client()
+
+    def __repr__(self) -> str:
+        return (f"KafkaSource({self.bootstrap_servers!r}, topic={self.topic!r}, group_id={self.group_id!r}, "
+                f"isolation_level={self.isolation_level!r})")
+
+    # --- clients --------------------------------------------------------------------------
+
+    def _new_consumer(self, **extra: Any):
+        from confluent_kafka import Consumer, KafkaException
+
+        ms = int(self.timeout_s * 1000)
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "isolation.level": self.isolation_level,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+            "socket.timeout.ms": min(max(ms, 10), 300_000),
+            "logger": logging.getLogger("reclock.librdkafka"),
+            **self.config,
+            **extra,
+        }
+        try:
+            return Consumer(conf)
+        except (KafkaException, ValueError, TypeError) as e:
+            raise SourceError(f"bad Kafka configuration for topic {self.topic!r}: {e}") from e
+
+    def _client(self):
+        if self._consumer is None:
+            self._consumer = self._new_consumer()
+        return self._consumer
+
+    def _fail(self, what: str, error: Exception) -> SourceError:
+        return SourceError(f"Kafka {self.bootstrap_servers} topic {self.topic!r}: {what}: {error}")
+
+    # --- gauge ----------------------------------------------------------------------------
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions, freshly from the broker (partitions added later show up)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._client().list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise self._fail("metadata request failed (broker unreachable?)", e) from e
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise self._fail("topic not available", topic.error if topic else "missing from metadata")
+        return sorted(topic.partitions)
+
+    def _watermarks(self, consumer, partition: int) -> tuple[int, int]:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                       timeout=self.timeout_s)
+        except KafkaException as e:
+            raise self._fail(f"watermark request for partition {partition} failed", e) from e
+        return low, high
+
+    def upper(self) -> Frontier:
+        """Per partition: high watermark (read_uncommitted) or last stable offset (read_committed)."""
+        consumer = self._client()
+        return Frontier.of({p: self._watermarks(consumer, p)[1] for p in self.partitions()})
+
+    def low_watermarks(self) -> Frontier:
+        """Per partition: the log start offset (offsets below it were released upstream)."""
+        consumer = self._client()
+        return Frontier.of({p: self._watermarks(consumer, p)[0] for p in self.partitions()})
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
+        """Yield ``(data, offset, +1)`` for every visible record with ``start <= offset < end``."""
+        partition, start, end = _check_range(partition, start, end)
+        return self._read(partition, start, end)
+
+    def _read(self, partition: int, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
+        if start >= end:
+            return
+        # One reused reader; a read started while another is still being iterated gets its own.
+        own = self._reading
+        consumer = self._new_consumer(**{"enable.partition.eof": True}) if own else self._reader_consumer()
+        if not own:
+            self._reading = True
+        try:
+            yield from self._read_with(consumer, partition, start, end)
+        finally:
+            if own:
+                consumer.close()
+            else:
+                self._reading = False
+                try:
+                    consumer.unassign()
+                except Exception:  # pragma: no cover - best effort
+                    self._reader = None
+
+    def _reader_consumer(self):
+        if self._reader is None:
+            self._reader = self._new_consumer(**{"enable.partition.eof": True})
+        return self._reader
+
+    def _read_with(self, consumer, partition: int, start: int, end: int):
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        where = f"topic {self.topic!r} partition {partition}"
+        low, high = self._watermarks(consumer, partition)
+        if low > start:
+            raise SourceError(f"{where}: offsets [{start}, {low}) were released upstream "
+                              f"(log start offset {low} > requested start {start})")
+        if high < end:
+            raise SourceError(f"{where}: range [{start}, {end}) reaches beyond the partition's upper {high} "
+                              f"({self.isolation_level})")
+        tp = TopicPartition(self.topic, partition, start)
+        try:
+            consumer.assign([tp])
+        except KafkaException as e:
+            raise self._fail(f"cannot assign {where}", e) from e
+
+        position = start
+        progress_deadline = time.monotonic() + self.timeout_s
+        while position < end:
+            msg = consumer.poll(min(0.5, self.timeout_s))
+            if msg is None:
+                position = max(position, self._position(consumer, partition))
+                if position >= end:
+                    break
+                if time.monotonic() > progress_deadline:
+                    raise SourceError(f"{where}: no progress reading [{start}, {end}) for {self.timeout_s}s "
+                                      f"(stuck at offset {position})")
+                continue
+            err = msg.error()
+            if err is not None:
+                code = err.code()
+                if code == KafkaError._PARTITION_EOF:
+                    if msg.partition() != partition:
+                        continue
+                    position = max(position, msg.offset())
+                    if position >= end:
+                        break
+                    _, high = self._watermarks(consumer, partition)
+                    if high < end:  # cannot happen for ranges below an upper the broker gave us
+                        raise SourceError(f"{where}: partition ends at {high} before the range end {end}")
+                    continue
+                if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    low, _ = self._watermarks(consumer, partition)
+                    raise SourceError(f"{where}: offset {position} is no longer available upstream "
+                                      f"(log start offset now {low}): {err.str()}")
+                if err.fatal() or not err.retriable() and code not in (KafkaError._TRANSPORT,
+                                                                      KafkaError._ALL_BROKERS_DOWN):
+                    raise SourceError(f"{where}: read failed at offset {position}: {err.str()}")
+                log.warning("%s: transient error at offset %s: %s", where, position, err.str())
+                if time.monotonic() > progress_deadline:
+                    raise SourceError(f"{where}: read failed at offset {position}: {err.str()}")
+                continue
+            if msg.partition() != partition:  # pragma: no cover - only one partition is assigned
+                continue
+            offset = msg.offset()
+            if offset >= end:
+                break
+            position = offset + 1
+            progress_deadline = time.monotonic() + self.timeout_s
+            if offset < start:  # pragma: no cover - the broker may return a batch from before start
+                continue
+            yield self._decode(msg, partition, offset), offset, 1
+
+    def _position(self, consumer, partition: int) -> int:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            (tp,) = consumer.position([TopicPartition(self.topic, partition)])
+        except KafkaException:
+            return -1
+        return tp.offset if tp.offset >= 0 else -1
+
+    def _decode(self, msg, partition: int, offset: int) -> dict[str, Any]:
+        try:
+            key = msg.key()
+            value = msg.value()
+            key = None if key is None else key.decode(self.encoding)
+            value = None if value is None else value.decode(self.encoding)
+        except UnicodeDecodeError as e:
+            raise SourceError(f"topic {self.topic!r} partition {partition} offset {offset}: record is not "
+                              f"valid {self.encoding}: {e}") from e
+        ts_type, ts = msg.timestamp()
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+        return {"key": key, "value": value, "timestamp_ms": None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts}
+
+    # --- upstream commit ------------------------------------------------------------------
+
+    def commit(self, frontier: Frontier) -> None:
+        """Commit the group's offsets to the frontier's uppers (only the partitions it lists)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        offsets = []
+        for p, upper in frontier:
+            p, _, _ = _check_range(p, upper, upper)
+            offsets.append(TopicPartition(self.topic, p, upper))
+        if not offsets:
+            return
+        try:
+            results = self._client().commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            raise self._fail(f"commit of group {self.group_id!r} failed", e) from e
+        bad = [f"{tp.partition}: {tp.error}" for tp in results or () if tp.error is not None]
+        if bad:
+            raise self._fail(f"commit of group {self.group_id!r} failed for partitions", "; ".join(bad))
+
+    def committed(self) -> Frontier:
+        """The group's committed offsets as a frontier (partitions never committed are at 0)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        tps = [TopicPartition(self.topic, p) for p in self.partitions()]
+        try:
+            results = self._client().committed(tps, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise self._fail(f"fetching committed offsets of group {self.group_id!r} failed", e) from e
+        uppers = {}
+        for tp in results:
+            if tp.error is not None:
+                raise self._fail(f"committed offset of partition {tp.partition}", tp.error)
+            if tp.offset >= 0:
+                uppers[tp.partition] = tp.offset
+        return Frontier.of(uppers)
+
+    def close(self) -> None:
+        for attr in ("_reader", "_consumer"):
+            consumer = getattr(self, attr)
+            setattr(self, attr, None)
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except Exception:  # pragma: no cover - closing twice / broker gone
+                    pass
+
+    def __enter__(self) -> "KafkaSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # Built lazily from plain settings, so a KafkaSource pickles (no live clients travel).
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_consumer=None, _reader=None, _reading=False)
+        return state
+
+
+def _check_range(partition: Partition, start: int, end: int) -> tuple[int, int, int]:
+    if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < 2**31:
+        raise SourceError(f"Kafka partition must be an int32 >= 0, got {partition!r}")
+    for name, value in (("start", start), ("end", end)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SourceError(f"{name} offset must be an int >= 0, got {value!r}")
+    if end < start:
+        raise SourceError(f"range end {end} is before start {start}")
+    return partition, start, end

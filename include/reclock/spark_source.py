@@ -1,0 +1,234 @@
+"""A PySpark Python Data Source ("reclock") that reads offset ranges of any Source in parallel.
+
+Options (strings, as every Spark option):
+
+* ``spec``: JSON of the source spec, ``{"kind": "kafka", ...kwargs}`` (see :func:`reclock.sources.build_source`);
+* ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that).
+
+One Spark input partition per range; each task builds its own source from the spec, reads
+``start <= offset < end`` of its partition and yields Arrow batches with the columns
+``<source data columns>..., partition, offset, into_time, diff``.
+
+Spark's Python workers must be able to import ``reclock`` (and the source's client library):
+start the session with ``PYSPARK_PYTHON`` pointing at the project's interpreter
+(``.venv/bin/python``, where reclock is installed editable), or set ``spark.pyspark.python``.
+The default is ``python3`` from ``PATH``, which usually is not the venv.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from .sources import build_source
+from .sources.base import SourceError
+
+NAME = "reclock"
+META_COLUMNS = ("partition", "offset", "into_time", "diff")
+BATCH_ROWS = 8192
+
+
+def output_arrow_schema(source) -> pa.Schema:
+    """The rows the data source yields: the source's data columns, then partition, offset, into_time, diff."""
+    clash = [f.name for f in source.data_schema if f.name in META_COLUMNS]
+    if clash:
+        raise SourceError(f"source data columns {clash} clash with reclock's columns {list(META_COLUMNS)}")
+    return pa.schema(list(source.data_schema) + [
+        pa.field("partition", source.partition_type, nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("into_time", pa.int64(), nullable=False),
+        pa.field("diff", pa.int64(), nullable=False),
+    ])
+
+
+def spark_schema(arrow_schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow_schema)
+
+
+def _parse_spec(options: Mapping[str, str]) -> dict:
+    raw = options.get("spec")
+    if raw is None:
+        raise SourceError("the reclock data source needs option 'spec' (JSON source spec)")
+    spec = json.loads(raw)
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise SourceError(f"option 'spec' must be a JSON object with a 'kind', got {raw!r}")
+    return spec
+
+
+def normalize_ranges(ranges: Iterable[Sequence[Any]]) -> list[tuple[int, Any, int, int]]:
+    """Check and convert ranges (lists, tuples or :class:`~reclock.engine.Range`) to tuples."""
+    out = []
+    for r in ranges:
+        if isinstance(r, Mapping):
+            r = (r["into_time"], r["partition"], r["start"], r["end"])
+        if len(r) != 4:
+            raise SourceError(f"a range is [into_time, partition, start, end], got {r!r}")
+        into_time, partition, start, end = r
+        for name, v in (("into_time", into_time), ("start", start), ("end", end)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SourceError(f"range {r!r}: {name} must be an int")
+        if not 0 <= start <= end:
+            raise SourceError(f"range {r!r}: need 0 <= start <= end")
+        out.append((into_time, partition, start, end))
+    return out
+
+
+def _parse_ranges(options: Mapping[str, str]) -> list[tuple[int, Any, int, int]]:
+    raw = options.get("ranges")
+    if raw is None:
+        raise SourceError("the reclock data source needs option 'ranges' (JSON list of [into_time, partition, start, end])")
+    ranges = json.loads(raw)
+    if not isinstance(ranges, list):
+        raise SourceError(f"option 'ranges' must be a JSON list, got {raw[:200]!r}")
+    return normalize_ranges(ranges)
+
+
+class RangePartition(InputPartition):
+    def __init__(self, index: int, into_time: int, partition: Any, start: int, end: int) -> None:
+        super().__init__(index)
+        self.into_time = into_time
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"RangePartition(into_time={self.into_time}, partition={self.partition!r}, [{self.start}, {self.end}))"
+
+
+class ReclockDataSource(DataSource):
+    """``spark.read.format("reclock").option("spec", ...).option("ranges", ...).load()``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self):
+        source = build_source(_parse_spec(self.options))
+        try:
+            return spark_schema(output_arrow_schema(source))
+        finally:
+            source.close()
+
+    def reader(self, schema) -> "ReclockReader":
+        return ReclockReader(_parse_spec(self.options), _parse_ranges(self.options))
+
+
+class ReclockReader(DataSourceReader):
+    def __init__(self, spec: dict, ranges: list[tuple[int, Any, int, int]]) -> None:
+        self.spec = spec
+        self.ranges = ranges
+
+    def partitions(self) -> list[RangePartition]:
+        parts = [RangePartition(i, *r) for i, r in enumerate(self.ranges) if r[2] < r[3]]
+        return parts or [RangePartition(0, 0, None, 0, 0)]  # Spark wants at least one partition
+
+    def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
+        if partition.start >= partition.end:
+            return
+        source = build_source(self.spec)
+        try:
+            yield from read_range_batches(source, partition.into_time, partition.partition,
+                                          partition.start, partition.end)
+        finally:
+            source.close()
+
+
+def read_range_batches(source, into_time: int, partition: Any, start: int, end: int,
+                       batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of one range, columns as :func:`output_arrow_schema` (usable without Spark)."""
+    schema = output_arrow_schema(source)
+    names = [f.name for f in source.data_schema]
+    columns: dict[str, list] = {n: [] for n in schema.names}
+
+    def flush() -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(columns, schema=schema)
+        for values in columns.values():
+            values.clear()
+        return batch
+
+    for data, offset, diff in source.read(partition, start, end):
+        for n in names:
+            columns[n].append(data.get(n))
+        columns["partition"].append(partition)
+        columns["offset"].append(offset)
+        columns["into_time"].append(into_time)
+        columns["diff"].append(diff)
+        if len(columns["offset"]) >= batch_rows:
+            yield flush()
+    if columns["offset"]:
+        yield flush()
+
+
+def register(spark) -> None:
+    """Register the "reclock" data source with ``spark`` (idempotent)."""
+    spark.dataSource.register(ReclockDataSource)
+
+
+def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]]):
+    """DataFrame of every record of ``ranges`` (``[into_time, partition, start, end]``) of the source ``spec``.
+
+    Columns: the source's data columns, ``partition``, ``offset``, ``into_time``, ``diff``.
+    Empty ranges yield no rows; an unreadable range fails the Spark job with the source's error.
+    """
+    spec = dict(spec)
+    ranges = normalize_ranges(ranges)
+    source = build_source(spec)  # validates the spec on the driver; only its schema is used
+    try:
+        schema = spark_schema(output_arrow_schema(source))
+    finally:
+        source.close()
+    check_python_workers(spark)
+    register(spark)
+    return (spark.read.format(NAME).schema(schema)
+            .option("spec", json.dumps(spec))
+            .option("ranges", json.dumps(ranges))
+            .load())
+
+
+def check_python_workers(spark) -> None:
+    """Fail early, with a hint, when Spark's local Python workers cannot import reclock.
+
+    Only checks local masters; on a cluster the executors' interpreter is the deployment's business.
+    """
+    try:
+        sc = spark.sparkContext
+        master = sc.master
+        python = sc.getConf().get("spark.pyspark.python") or sc.pythonExec
+    except Exception:  # Spark Connect: no SparkContext here
+        return
+    if not master.startswith("local"):
+        return
+    problem = _python_problem(python)
+    if problem:
+        raise SourceError(
+            f"Spark's Python workers run {python!r}, which cannot import reclock ({problem}); start the "
+            f"session with PYSPARK_PYTHON (or spark.pyspark.python) set to the project's interpreter, "
+            f"e.g. {sys.executable}")
+
+
+@functools.lru_cache(maxsize=8)
+def _python_problem(python: str) -> str | None:
+    import shutil
+    import subprocess
+
+    path = shutil.which(python)
+    if path is None:
+        return None  # not on this machine: cannot check
+    if os.path.realpath(path) == os.path.realpath(sys.executable):
+        return None
+    try:
+        run = subprocess.run([path, "-c", "import reclock.sources, pyarrow"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if run.returncode == 0:
+        return None
+    lines = run.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit code {run.returncode}"

@@ -1,0 +1,372 @@
+"""Delta Lake storage of each source: ``<root>/<name>/remap`` and ``<root>/<name>/reclocked``.
+
+Every Delta commit is made by ``deltalake`` (delta-rs); Spark only writes plain Parquet
+files and reads the Parquet files of a snapshot (no delta-spark).  Progress lives in
+Delta *app transactions*, so it commits atomically with the rows it describes and
+survives overwrites:
+
+* remap table, app ``reclock.remap``: version = remap upper - 1 (the last tick);
+* remap table, app ``reclock.since``: version = compaction frontier ``since``;
+* reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
+
+Spark stages reclocked rows under ``reclocked/staged/upto=<t>/<attempt>/`` (a fresh
+attempt directory per :meth:`SourceTables.staging_dir` call, so a rerun never
+overwrites files a previous attempt may already have published);
+:meth:`SourceTables.publish_staged` commits the latest complete attempt (one with
+Spark's ``_SUCCESS`` marker) as Add actions in one commit.  The staging directory
+must not start with ``_``: delta-rs vacuum never deletes files under hidden paths.
+Tables never use deletion vectors, so a snapshot is exactly its file list.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.fs import DeltaStorageHandler
+from deltalake.transaction import AddAction
+
+from .engine import Remap
+
+Kind = Literal["remap", "reclocked"]
+KINDS: tuple[Kind, ...] = ("remap", "reclocked")
+REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
+STAGED = "staged"
+SUCCESS = "_SUCCESS"
+
+
+class WarehouseError(RuntimeError):
+    """Stored state or staged files that reclock cannot accept; nothing was committed."""
+
+
+def remap_schema(partition_type: pa.DataType) -> pa.Schema:
+    return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", pa.int64())])
+
+
+def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema) -> pa.Schema:
+    return pa.schema(list(data_schema) + [
+        pa.field("partition", partition_type), pa.field("offset", pa.int64()),
+        pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())])
+
+
+class Warehouse:
+    """A root URI (local path, or e.g. ``s3://bucket/prefix`` with deltalake ``storage_options``)."""
+
+    def __init__(self, root: str, storage_options: dict | None = None):
+        self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
+        self.storage_options = storage_options
+
+    def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema) -> "SourceTables":
+        """The tables of source ``name``, created on first use (schema checked otherwise)."""
+        tables = SourceTables(f"{self.root}/{name}", partition_type, data_schema, self.storage_options)
+        tables.create_if_absent()
+        return tables
+
+
+class SourceTables:
+    """The remap and reclocked Delta tables of one source."""
+
+    def __init__(self, uri: str, partition_type: pa.DataType, data_schema: pa.Schema,
+                 storage_options: dict | None = None):
+        self.uri = uri
+        self.storage_options = storage_options
+        self.data_columns = list(data_schema.names)
+        self.schemas: dict[Kind, pa.Schema] = {
+            "remap": remap_schema(partition_type), "reclocked": reclocked_schema(partition_type, data_schema)}
+
+    # --- tables -------------------------------------------------------------------------
+
+    def table_uri(self, kind: Kind) -> str:
+        return f"{self.uri}/{kind}"
+
+    def table(self, kind: Kind, version: int | None = None) -> DeltaTable:
+        """A fresh :class:`DeltaTable` at its latest (or the given) version."""
+        return DeltaTable(self.table_uri(kind), version=version, storage_options=self.storage_options)
+
+    def create_if_absent(self) -> None:
+        """Create both tables if missing; :class:`WarehouseError` if one exists with another schema."""
+        for kind in KINDS:
+            dt = DeltaTable.create(self.table_uri(kind), self.schemas[kind], mode="ignore",
+                                   name=f"{self.uri.rsplit('/', 1)[-1]}_{kind}",
+                                   storage_options=self.storage_options)
+            found = _arrow_schema(dt)
+            if not _same_columns(found, self.schemas[kind]):
+                raise WarehouseError(f"{self.table_uri(kind)} exists with another schema: "
+                                     f"{_schema_diff(found, self.schemas[kind])}")
+
+    def _fs(self, kind: Kind) -> pafs.FileSystem:
+        """The table's storage as a pyarrow filesystem, paths relative to the table root."""
+        return pafs.PyFileSystem(DeltaStorageHandler(self.table_uri(kind), self.storage_options))
+
+    def _append(self, kind: Kind, rows: pa.Table, app_id: str, version: int) -> None:
+        """Append ``rows`` (possibly none) in one commit carrying the app transaction."""
+        write_deltalake(self.table_uri(kind), rows, mode="append", storage_options=self.storage_options,
+                        commit_properties=_txn(app_id, version))
+
+    def _read(self, kind: Kind, version: int | None = None, filter: pc.Expression | None = None) -> pa.Table:
+        return _rows(self.table(kind, version), self.schemas[kind], filter)
+
+    # --- remap --------------------------------------------------------------------------
+
+    def since(self) -> int:
+        """The compaction frontier (0 initially): IntoTimes before it are no longer readable."""
+        return _app_version(self.table("remap"), SINCE_APP, 0)
+
+    def remap_upper(self) -> int:
+        """The stored remap upper: first IntoTime not yet bound."""
+        return _app_version(self.table("remap"), REMAP_APP, -1) + 1
+
+    def read_remap(self) -> Remap:
+        """The stored remap, with ``since`` and ``upper`` from the app transactions."""
+        dt = self.table("remap")
+        since, upper = _app_version(dt, SINCE_APP, 0), _app_version(dt, REMAP_APP, -1) + 1
+        rows = _rows(dt, self.schemas["remap"]).to_pylist()  # the same snapshot as since and upper
+        remap = Remap.from_increments(((r["partition"], r["into_time"], r["increment"]) for r in rows), 0, upper)
+        return remap.compact(since)  # rows may predate a crashed compaction (since recorded first)
+
+    def append_binding(self, remap_before: Remap, remap_after: Remap) -> bool:
+        """Store the ticks minting ``remap_after`` from ``remap_before`` in one commit; False if already stored."""
+        version = remap_after.upper - 1
+        stored = _app_version(self.table("remap"), REMAP_APP, -1)
+        if stored >= version:
+            return False
+        if remap_after.upper <= remap_before.upper:
+            raise WarehouseError(f"remap_after (upper {remap_after.upper}) is not beyond remap_before "
+                                 f"(upper {remap_before.upper})")
+        if stored + 1 != remap_before.upper:
+            raise WarehouseError(f"remap_before has upper {remap_before.upper} but the stored remap "
+                                 f"has upper {stored + 1}")
+        rows = [r for r in remap_after.increments() if r.into_time >= remap_before.upper]
+        table = pa.Table.from_pylist([r._asdict() for r in rows], schema=self.schemas["remap"])
+        self._append("remap", table, REMAP_APP, version)
+        return True
+
+    # --- reclocked ----------------------------------------------------------------------
+
+    def reclocked_upper(self) -> int:
+        """IntoTime upper of the published reclocked table: last published IntoTime + 1, 0 if none."""
+        return _app_version(self.table("reclocked"), RECLOCKED_APP, -1) + 1
+
+    def staging_dir(self, upto: int) -> str:
+        """A fresh directory (Spark URI) for the Parquet files of the bindings up to IntoTime ``upto``.
+
+        Write it with Spark's default committer (``_SUCCESS`` marks a complete attempt).
+        Skip staging when ``reclocked_upper() > upto``: it is already published.
+        """
+        return self._spark_path(self._new_attempt(upto))
+
+    def _new_attempt(self, upto: int) -> str:
+        return f"{_upto_dir(upto)}/{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:8]}"
+
+    def _spark_path(self, relative: str) -> str:
+        return f"{_spark_uri(self.table_uri('reclocked'))}/{relative}"
+
+    def stage(self, df, upto: int) -> int:
+        """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh attempt; rows staged.
+
+        0 and nothing written when ``upto`` is already published.
+        """
+        if self.reclocked_upper() > upto:
+            return 0
+        attempt = self._new_attempt(upto)
+        df.select(*self.schemas["reclocked"].names).write.parquet(self._spark_path(attempt))
+        fs = self._fs("reclocked")
+        return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
+
+    def read_staged(self, upto: int):
+        """The latest complete staged attempt for ``upto`` as a pandas DataFrame (for checks before publishing)."""
+        fs = self._fs("reclocked")
+        _, attempt = self._attempts(fs, upto)
+        paths = [i.path for i in _parquet_files(fs, attempt)]
+        schema = self.schemas["reclocked"]
+        return pads.dataset(paths, schema=schema, filesystem=fs, format="parquet").to_table().to_pandas()
+
+    def _attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
+        """Every staged attempt directory for ``upto``, and the latest complete one."""
+        attempts = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(_upto_dir(upto), allow_not_found=True))
+                          if i.type == pafs.FileType.Directory)
+        complete = [a for a in attempts if fs.get_file_info(f"{a}/{SUCCESS}").type == pafs.FileType.File]
+        if not complete:
+            raise WarehouseError(f"no complete staged attempt (with {SUCCESS}) under "
+                                 f"{self.table_uri('reclocked')}/{_upto_dir(upto)}")
+        return attempts, complete[-1]
+
+    def publish_staged(self, upto: int) -> bool:
+        """Commit the latest complete staged attempt for ``upto`` in one commit; False if already published."""
+        published = _app_version(self.table("reclocked"), RECLOCKED_APP, -1)
+        if published >= upto:
+            return False
+        remap_upper = self.remap_upper()
+        if upto >= remap_upper:
+            raise WarehouseError(f"cannot publish up to {upto}: remap upper is {remap_upper}")
+        fs = self._fs("reclocked")
+        attempts, attempt = self._attempts(fs, upto)
+        adds = [self._add_action(fs, info, published + 1, upto) for info in _parquet_files(fs, attempt)]
+        self.table("reclocked").create_write_transaction(
+            adds, mode="append", schema=self.schemas["reclocked"],
+            commit_properties=_txn(RECLOCKED_APP, upto))
+        for stale in set(attempts) - {attempt}:
+            fs.delete_dir(stale)  # never published (only this commit could have published them)
+        return True
+
+    def _add_action(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> AddAction:
+        """Add action of one staged file, after checking its schema and its IntoTimes lie in [lower, upto]."""
+        meta = _footer(fs, info.path)
+        found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
+        if not _same_columns(found, expected):
+            raise WarehouseError(f"staged file {info.path} does not match the reclocked table: "
+                                 f"{_schema_diff(found, expected)}")
+        stats = _parquet_stats(meta)
+        lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
+        if lo < lower or hi > upto:
+            raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
+        return AddAction(info.path, info.size, {}, info.mtime_ns // 1_000_000, True, json.dumps(stats))
+
+    def snapshot_files(self, kind: Kind, version: int | None = None) -> list[str]:
+        """URIs of the Parquet files of a snapshot (latest or ``version``), spelled for ``spark.read.parquet``."""
+        return [_spark_uri(f) for f in self.table(kind, version).file_uris()]
+
+    def read_reclocked_spark(self, spark, version: int | None = None):
+        """The reclocked snapshot as a Spark DataFrame with the table schema (empty when no files)."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        schema = from_arrow_schema(self.schemas["reclocked"])
+        files = self.snapshot_files("reclocked", version)
+        return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+
+    def read_reclocked_arrow(self, version: int | None = None) -> pa.Table:
+        """The reclocked snapshot through deltalake (small tables, tests)."""
+        return self._read("reclocked", version)
+
+    def remap_frame(self):
+        """The stored remap rows as a pandas DataFrame (for checks)."""
+        return self._read("remap").to_pandas()
+
+    # --- compaction ---------------------------------------------------------------------
+
+    def compact(self, since: int, retention_hours: int = 0) -> None:
+        """Compact both tables to ``since``; every step is idempotent, so rerun after a crash.
+
+        1. record ``since`` (queries before it are refused from then on);
+        2. fold remap increments at or before ``since`` into one row per partition at ``since``;
+        3. advance reclocked IntoTimes to ``since`` there and consolidate diffs;
+        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago.
+        """
+        stored = self.since()
+        since, upper = max(since, stored), min(self.remap_upper(), self.reclocked_upper())
+        if since >= upper:
+            raise WarehouseError(f"cannot compact to {since}: published only below {upper}")
+        if stored < since:
+            self._append("remap", self.schemas["remap"].empty_table(), SINCE_APP, since)
+        self._consolidate("remap", since, ["partition"], "increment")
+        self._consolidate("reclocked", since, self.data_columns + ["partition", "offset"], "diff")
+        for kind in KINDS:
+            self.table(kind).optimize.compact()  # commits only when there are files to merge
+            self._vacuum(kind, retention_hours)
+
+    def _vacuum(self, kind: Kind, retention_hours: int) -> None:
+        """Delete files removed more than ``retention_hours`` ago, committing only if any still exist.
+
+        delta-rs lists a tombstone (and writes VACUUM START/END commits) on every vacuum
+        until the tombstone expires from the log, even once its file is gone.
+        """
+        dt, options = self.table(kind), dict(retention_hours=retention_hours, enforce_retention_duration=False)
+        candidates = dt.vacuum(dry_run=True, **options)  # paths relative to the table root
+        if candidates and any(i.type == pafs.FileType.File for i in self._fs(kind).get_file_info(candidates)):
+            dt.vacuum(dry_run=False, **options)
+
+    def _consolidate(self, kind: Kind, since: int, keys: list[str], value: str) -> bool:
+        """Rewrite rows at or before ``since`` as ``sum(value)`` per key at ``since``; False if already so."""
+        at_or_before = pc.field("into_time") <= since
+        old = self._read(kind, filter=at_or_before)
+        advanced = old.set_column(old.schema.get_field_index("into_time"), "into_time",
+                                  pa.repeat(pa.scalar(since, pa.int64()), old.num_rows))
+        summed = advanced.group_by(keys + ["into_time"], use_threads=False).aggregate([(value, "sum")])
+        new = summed.rename_columns([value if c == f"{value}_sum" else c for c in summed.column_names])
+        new = new.filter(pc.field(value) != 0).select(self.schemas[kind].names).cast(self.schemas[kind])
+        if new.num_rows == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
+            return False
+        write_deltalake(self.table_uri(kind), new, mode="overwrite", predicate=f"into_time <= {since}",
+                        storage_options=self.storage_options)
+        return True
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _txn(app_id: str, version: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app_id, version)])
+
+
+def _app_version(dt: DeltaTable, app_id: str, default: int) -> int:
+    version = dt.transaction_version(app_id)
+    return default if version is None else version
+
+
+def _rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:
+    return dt.to_pyarrow_dataset().to_table(filter=filter).select(schema.names).cast(schema)
+
+
+def _parquet_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
+    """The data files Spark wrote in ``directory`` (not ``_SUCCESS``, ``.crc`` or other hidden files)."""
+    return [i for i in fs.get_file_info(pafs.FileSelector(directory))
+            if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+            and not i.base_name.startswith(("_", "."))]
+
+
+def _footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    with fs.open_input_file(path) as f:
+        return pq.read_metadata(f)
+
+
+def _upto_dir(upto: int) -> str:
+    return f"{STAGED}/upto={upto}"
+
+
+def _spark_uri(uri: str) -> str:
+    """Spark's (Hadoop S3A) spelling of an object-store URI."""
+    return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
+
+
+def _arrow_schema(dt: DeltaTable) -> pa.Schema:
+    return pa.schema(dt.schema().to_arrow())
+
+
+def _same_columns(found: pa.Schema, expected: pa.Schema) -> bool:
+    """Same column names and types (any order, nullability ignored: Spark writes all columns nullable)."""
+    return {f.name: f.type for f in found} == {f.name: f.type for f in expected}
+
+
+def _schema_diff(found: pa.Schema, expected: pa.Schema) -> str:
+    have, want = {f.name: f.type for f in found}, {f.name: f.type for f in expected}
+    parts = [f"missing {sorted(set(want) - set(have))}" if set(want) - set(have) else "",
+             f"unexpected {sorted(set(have) - set(want))}" if set(have) - set(want) else "",
+             ", ".join(f"{n}: {have[n]} (expected {want[n]})" for n in want if n in have and have[n] != want[n])]
+    return "; ".join(p for p in parts if p)
+
+
+def _parquet_stats(meta: pq.FileMetaData) -> dict:
+    """Delta file statistics from Parquet footers: row count, null counts, min/max of int and string columns."""
+    stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    arrow = meta.schema.to_arrow_schema()
+    for j in range(meta.num_columns):
+        name = meta.schema.column(j).path
+        if name not in arrow.names:
+            continue  # leaf of a nested column
+        chunks = [meta.row_group(r).column(j).statistics for r in range(meta.num_row_groups)]
+        if not chunks or any(s is None or not s.has_null_count for s in chunks):
+            continue
+        stats["nullCount"][name] = sum(s.null_count for s in chunks)
+        kind = arrow.field(name).type
+        if (pa.types.is_integer(kind) or pa.types.is_string(kind)) and all(s.has_min_max for s in chunks):
+            stats["minValues"][name] = min(s.min for s in chunks)
+            stats["maxValues"][name] = max(s.max for s in chunks)
+    return stats
