@@ -1,0 +1,32 @@
+# reclock: `make demo` sets everything up and runs the demo; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml include/system-packages.sh
+	bash include/system-packages.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m reclock.demo
+
+test: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow"
+
+bench: setup
+	$(BIN)/python bench/reclock_bench.py
+
+clean:
+	rm -rf var/ spark-warehouse/

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System packages reclock needs beyond Python: Java for Spark, Postgres server binaries for the Postgres tests.
+set -euo pipefail
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+if [ -z "$pg_bin" ]; then
+  missing+=(postgresql)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "reclock: please install: ${missing[*]} (needs root)" >&2; exit 1
+  fi
+  echo "reclock: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
