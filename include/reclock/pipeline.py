@@ -1,0 +1,157 @@
+"""The steps of one source's pipeline: tick -> stage (Spark) -> check -> publish -> resume -> compact.
+
+Each step reloads durable state from the warehouse, so any step can be killed and
+re-run: ticks and publishes are single idempotent Delta commits, staging
+overwrites its own directory, and resumption/compaction only move forward.
+Every function returns a small JSON-able dict (Airflow puts it in XCom).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from .config import SourceConfig, load_config
+from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .sources import build_source
+from .sources.base import Source, SourceError
+from .warehouse import SourceTables, Warehouse
+
+log = logging.getLogger("reclock")
+
+
+@dataclass
+class SourceContext:
+    config: SourceConfig
+    source: Source
+    tables: SourceTables
+    spark_master: str
+    spark_conf: dict
+
+    @property
+    def spec(self) -> dict:
+        """How Spark workers rebuild the source."""
+        return {"kind": self.config.kind, **self.config.options}
+
+
+@contextmanager
+def open_source(name: str, config_path: str | None = None) -> Iterator[SourceContext]:
+    """The configured source, connected, with its warehouse tables."""
+    config = load_config(config_path)
+    source_config = config.source(name)
+    source = build_source({"kind": source_config.kind, **source_config.options})
+    try:
+        tables = Warehouse(config.warehouse, config.storage_options).source(
+            name, source.partition_type, source.data_schema)
+        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf)
+    finally:
+        source.close()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def frontier_json(frontier: Frontier) -> dict[str, int]:
+    return {str(p): u for p, u in frontier}
+
+
+def tick(name: str, config_path: str | None = None, now: int | None = None) -> dict:
+    """Bind the source's current upper frontier to IntoTime ``now`` (ms) in ``remap``."""
+    with open_source(name, config_path) as ctx:
+        remap = ctx.tables.read_remap()
+        frontier = ctx.source.upper()
+        into_time = now if now is not None else now_ms()
+        after = remap.mint(into_time, frontier)  # RemapError: clock or source went backwards; nothing written
+        written = ctx.tables.append_binding(remap, after)
+        moved = sum(frontier.increments_from(remap.frontier).values())
+        log.info("%s: tick at %d binds %s (+%d offsets)", name, into_time, frontier, moved)
+        return {"into_time": into_time, "frontier": frontier_json(frontier), "new_offsets": moved, "written": written}
+
+
+def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
+    """IntoTimes ``[start, upto]`` bound in remap but not yet published, or None."""
+    start, upto = tables.reclocked_upper(), remap.upper - 1
+    return (start, upto) if upto >= start else None
+
+
+def stage(name: str, config_path: str | None = None, spark=None) -> dict:
+    """Spark step: read every pending binding's offset ranges and stage them as Parquet files."""
+    from .spark_session import get_spark
+    from .spark_source import read_ranges
+
+    with open_source(name, config_path) as ctx:
+        remap = ctx.tables.read_remap()
+        window = pending(remap, ctx.tables)
+        if window is None:
+            return {"staged_rows": 0, "upto": remap.upper - 1}
+        start, upto = window
+        released = ctx.source.committed()
+        needed = remap.at(start - 1) if start > remap.since and start > 0 else Frontier()
+        if not released.less_equal(needed):
+            raise SourceError(f"{name}: upstream already released {released}, but bindings from {start} "
+                              f"need data from {needed}; the data cannot be read again")
+        ranges = remap.ranges(start)
+        spark = spark or get_spark(ctx.spark_master, f"reclock-{name}")
+        log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
+        rows = ctx.tables.stage(read_ranges(spark, ctx.spec, ranges), upto)
+        return {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
+
+
+def check(name: str, config_path: str | None = None) -> dict:
+    """Great Expectations checks on remap and the staged batch; raises ChecksFailed."""
+    from .checks import check_reclocked, check_remap
+
+    with open_source(name, config_path) as ctx:
+        remap = ctx.tables.read_remap()
+        results = {"remap": check_remap(ctx.tables.remap_frame())}
+        window = pending(remap, ctx.tables)
+        if window is not None:
+            results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap)
+        for report in results.values():
+            report.raise_for_failure()
+        return {k: v.summary() for k, v in results.items()}
+
+
+def publish(name: str, config_path: str | None = None) -> dict:
+    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit)."""
+    with open_source(name, config_path) as ctx:
+        window = pending(ctx.tables.read_remap(), ctx.tables)
+        if window is None:
+            return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
+        published = ctx.tables.publish_staged(window[1])
+        return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
+
+
+def resume(name: str, config_path: str | None = None) -> dict:
+    """Commit the offset resumption frontier upstream (bounded input reliance, seed 003)."""
+    with open_source(name, config_path) as ctx:
+        remap = ctx.tables.read_remap()
+        resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
+        offsets = offset_resumption_frontier(remap, resume_at)
+        committed = ctx.source.committed()
+        if not committed.less_equal(offsets):
+            offsets = offsets.join(committed)  # never move an upstream commit backwards
+        ctx.source.commit(offsets)
+        return {"resume_at": resume_at, "offsets": frontier_json(offsets)}
+
+
+def compact(name: str, config_path: str | None = None, now: int | None = None) -> dict:
+    """Advance ``since`` to keep ``retention_ms`` of history, never past what is durable."""
+    with open_source(name, config_path) as ctx:
+        remap = ctx.tables.read_remap()
+        resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
+        since = min(resume_at - 1, (now if now is not None else now_ms()) - ctx.config.retention_ms)
+        if since <= ctx.tables.since():
+            return {"since": ctx.tables.since(), "compacted": False}
+        ctx.tables.compact(since)
+        return {"since": since, "compacted": True}
+
+
+def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None) -> dict:
+    """Every step in order, in this process (what the DAG does, without Airflow)."""
+    return {"tick": tick(name, config_path, now), "stage": stage(name, config_path, spark),
+            "check": check(name, config_path), "publish": publish(name, config_path),
+            "resume": resume(name, config_path), "compact": compact(name, config_path, now)}
