@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from . import pipeline
 from .config import load_config
 from .query import QueryError, common_readable, query_as_of
+from .status import status
 
 STEPS = ("tick", "stage", "check", "publish", "resume", "compact", "run")
 
@@ -27,20 +28,6 @@ def parse_time(text: str, names: list[str], config_path: str | None) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
-
-
-def status(config_path: str | None) -> list[dict]:
-    rows = []
-    for name in load_config(config_path).sources:
-        with pipeline.open_source(name, config_path) as ctx:
-            remap = ctx.tables.read_remap()
-            upstream = ctx.source.upper()
-            rows.append({"source": name, "since": ctx.tables.since(), "remap_upper": remap.upper,
-                         "reclocked_upper": ctx.tables.reclocked_upper(),
-                         "bound_frontier": pipeline.frontier_json(remap.frontier),
-                         "upstream_frontier": pipeline.frontier_json(upstream),
-                         "lag_offsets": sum(upstream.increments_from(remap.frontier.meet(upstream)).values())})
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
