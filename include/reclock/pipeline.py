@@ -102,14 +102,17 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
 
 def check(name: str, config_path: str | None = None) -> dict:
     """Great Expectations checks on remap and the staged batch; raises ChecksFailed."""
+    from . import check_log
     from .checks import check_reclocked, check_remap
 
     with open_source(name, config_path) as ctx:
         remap = ctx.tables.read_remap()
-        results = {"remap": check_remap(ctx.tables.remap_frame())}
+        results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since)}
         window = pending(remap, ctx.tables)
         if window is not None:
-            results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap)
+            results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap, window[0],
+                                                   offsets_unique=ctx.config.offsets_unique)
+        check_log.record(ctx.tables, name, results, window, remap.upper)  # durable before raising
         for report in results.values():
             report.raise_for_failure()
         return {k: v.summary() for k, v in results.items()}

@@ -1,0 +1,217 @@
+"""Great Expectations checks on what reclock publishes: the ``remap`` table and a staged reclocked batch.
+
+Each check is one GX expectation on one data frame, run in an ephemeral GX
+context: the remap rows through a pandas data source, the reclocked batch
+through a Spark data source when it is a Spark DataFrame (GX 1.24 works with
+pyspark 4.1) and through the pandas one when it is a pandas DataFrame.  Derived
+columns (net increments, binding gaps, the engine's expected IntoTime) are
+added first so that every law is a plain column expectation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pandas as pd
+
+from .engine import Remap
+
+EXPECTED = "expected_into_time"
+
+
+class ChecksFailed(RuntimeError):
+    """At least one check failed; the message is the report's summary."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    expectation: str
+    success: bool
+    description: str
+    unexpected_count: int | None = None
+    sample: list = field(default_factory=list)
+    error: str | None = None
+
+    def line(self) -> str:
+        status = "PASS" if self.success else "FAIL"
+        text = f"{status} {self.name}: {self.description}"
+        if not self.success:
+            text += f" ({self.error})" if self.error else f" ({self.unexpected_count} bad, e.g. {self.sample})"
+        return text
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    subject: str
+    rows: int
+    results: tuple[CheckResult, ...]
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.results)
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.name for r in self.results if not r.success]
+
+    def summary(self) -> str:
+        passed = sum(r.success for r in self.results)
+        head = f"{self.subject}: {passed}/{len(self.results)} checks passed on {self.rows} rows"
+        return "\n".join([head] + ["  " + r.line() for r in self.results])
+
+    def raise_for_failure(self) -> None:
+        if not self.success:
+            raise ChecksFailed(self.summary())
+
+    def as_dict(self) -> dict[str, Any]:
+        """Small and JSON-able, for XCom."""
+        return {"subject": self.subject, "rows": self.rows, "success": self.success, "failed": self.failed}
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+
+def check_remap(remap_rows: pd.DataFrame, since: int = 0) -> CheckReport:
+    """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier."""
+    import great_expectations.expectations as gxe
+
+    df = remap_rows[["partition", "into_time", "increment"]].copy()
+    # Rows at one time may repeat a partition (they sum), so the laws apply to the consolidated rows.
+    df["net_increment"] = df.groupby(["partition", "into_time"], dropna=False)["increment"].transform("sum")
+    df["binding_increment"] = df.groupby("into_time")["increment"].transform("sum")
+    times = pd.Series(sorted(df["into_time"].dropna().unique()), dtype="float64")
+    gaps = times.diff().fillna(times - (since - 1)) if len(times) else times
+    df["binding_gap"] = df["into_time"].map(dict(zip(times, gaps)))
+    return _validate(f"remap ({len(times)} bindings)", df, ["partition", "into_time"], {
+        "remap.partition_not_null": (gxe.ExpectColumnValuesToNotBeNull(column="partition"),
+                                     "no null partition"),
+        "remap.into_time_not_null": (gxe.ExpectColumnValuesToNotBeNull(column="into_time"),
+                                     "no null into_time"),
+        "remap.monotone": (gxe.ExpectColumnValuesToBeBetween(column="net_increment", min_value=0),
+                           "increments >= 0 per (partition, into_time): every partition's upper only grows"),
+        "remap.times_increasing": (gxe.ExpectColumnValuesToBeBetween(column="binding_gap", min_value=0,
+                                                                     strict_min=True),
+                                   f"binding IntoTimes strictly increase, from since={since}"),
+        "remap.bindings_move": (gxe.ExpectColumnValuesToBeBetween(column="binding_increment", min_value=0,
+                                                                  strict_min=True),
+                                "every binding moves the frontier"),
+    })
+
+
+def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_unique: bool = True) -> CheckReport:
+    """Check a staged reclocked batch (pandas or Spark DataFrame with partition, offset, into_time, diff).
+
+    ``start``: first IntoTime of the pending window; when given, every record must lie in
+    ``[start, remap.upper)`` (nothing already published is staged again).
+    ``offsets_unique``: one record per offset (Kafka), so ``(partition, offset)`` is a key.
+    """
+    import great_expectations.expectations as gxe
+
+    checks = {
+        "reclocked.stamped": (gxe.ExpectColumnValuesToNotBeNull(column="into_time"), "every record has an IntoTime"),
+        "reclocked.first_covering_binding": (
+            gxe.ExpectColumnPairValuesToBeEqual(column_A="into_time", column_B=EXPECTED,
+                                                ignore_row_if="either_value_is_missing"),
+            "into_time is the first binding covering (partition, offset)"),
+        "reclocked.within_frontier": (gxe.ExpectColumnValuesToNotBeNull(column=EXPECTED),
+                                      "no record beyond the remap frontier"),
+        "reclocked.diff_non_zero": (gxe.ExpectColumnValuesToNotBeInSet(column="diff", value_set=[0]),
+                                    "diff is non-zero"),
+    }
+    if start is not None:
+        upto = remap.upper - 1
+        checks["reclocked.in_window"] = (
+            gxe.ExpectColumnValuesToBeBetween(column="into_time", min_value=start, max_value=upto)
+            if upto >= start else gxe.ExpectTableRowCountToEqual(value=0),  # an empty window holds nothing
+            f"into_time in the pending window [{start}, {upto}]")
+    if offsets_unique:
+        checks["reclocked.offsets_unique"] = (
+            gxe.ExpectCompoundColumnsToBeUnique(column_list=["partition", "offset"]),
+            "no duplicate (partition, offset)")
+    return _validate("reclocked batch", with_expected_into_time(batch, remap), ["partition", "offset"], checks)
+
+
+def with_expected_into_time(batch, remap: Remap):
+    """``batch`` plus the engine's ``remap.into_time_of(partition, offset)`` (null when beyond the frontier)."""
+    if isinstance(batch, pd.DataFrame):
+        return _add_expected(batch, remap)
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    schema = StructType(batch.schema.fields + [StructField(EXPECTED, LongType(), True)])
+    return batch.mapInPandas(lambda frames: (_add_expected(f, remap) for f in frames), schema)
+
+
+def _add_expected(df: pd.DataFrame, remap: Remap) -> pd.DataFrame:
+    expected = [remap.into_time_of(p, int(o)) for p, o in zip(df["partition"].tolist(), df["offset"].tolist())]
+    return df.assign(**{EXPECTED: pd.array(expected, dtype="Int64")})
+
+
+# --- running them in GX ----------------------------------------------------------------------
+
+
+def _validate(subject: str, df, index: list[str], checks: dict[str, tuple[Any, str]]) -> CheckReport:
+    """Run ``{name: (expectation, description)}`` on ``df`` (pandas or Spark) as one suite.
+
+    Failures are reported with up to 5 bad rows, identified by the ``index`` columns.
+    """
+    import great_expectations as gx
+
+    for name, (expectation, _) in checks.items():
+        expectation.meta = {"check": name}
+    suite = gx.ExpectationSuite(name=subject, expectations=[e for e, _ in checks.values()])
+    spark = not isinstance(df, pd.DataFrame)
+    batch = _batch_definition("spark" if spark else "pandas").get_batch(batch_parameters={"dataframe": df})
+    result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5, "unexpected_index_column_names": index}
+    validation = batch.validate(suite, result_format=result_format)
+    if spark:
+        df.unpersist()  # GX caches the batch while computing its metrics
+    outcome = {r.expectation_config.meta["check"]: r for r in validation.results}
+    results = []
+    for name, (_, description) in checks.items():
+        r = outcome[name]
+        sample = r.result.get("partial_unexpected_index_list") or r.result.get("partial_unexpected_list") or []
+        results.append(CheckResult(
+            name=name, expectation=r.expectation_config.type, success=bool(r.success),
+            description=description, unexpected_count=r.result.get("unexpected_count"),
+            sample=_plain(sample), error=_error(r.exception_info)))
+    rows = max((r.result.get("element_count") or 0 for r in outcome.values()), default=0)
+    return CheckReport(subject, rows, tuple(results))
+
+
+def _error(info: dict) -> str | None:
+    """The exception message(s) GX caught: ``exception_info`` is flat, or keyed by metric when a metric failed."""
+    infos = [info] if "raised_exception" in info else list(info.values())
+    return "; ".join(i["exception_message"] for i in infos
+                     if isinstance(i, dict) and i.get("raised_exception") and i.get("exception_message")) or None
+
+
+def _plain(value):
+    """GX samples as plain Python (numpy scalars to ints/floats, pandas NA to None)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+@lru_cache(maxsize=None)
+def _batch_definition(kind: str):
+    """One whole-dataframe batch definition per data source kind, in one ephemeral GX context."""
+    context = _context()
+    source = context.data_sources.add_spark(kind) if kind == "spark" else context.data_sources.add_pandas(kind)
+    return source.add_dataframe_asset("batch").add_batch_definition_whole_dataframe("whole")
+
+
+@lru_cache(maxsize=None)
+def _context():
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.enable_analytics(False)
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context

@@ -1,0 +1,112 @@
+"""Great Expectations checks: good data passes, and each deliberately broken case fails its own check."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from reclock.checks import ChecksFailed, check_reclocked, check_remap
+from reclock.engine import Frontier, Remap, Update, reclock
+
+REMAP = (Remap()
+         .mint(10, Frontier.of({0: 3, 1: 2}))
+         .mint(20, Frontier.of({0: 5, 1: 2}))
+         .mint(30, Frontier.of({0: 5, 1: 4})))
+UPDATES = [Update(f"r{p}-{o}", p, o, 1) for p, n in ((0, 5), (1, 4)) for o in range(n)]
+
+
+def remap_frame(remap: Remap = REMAP, extra: list[tuple] = ()) -> pd.DataFrame:
+    return pd.DataFrame(list(remap.increments()) + list(extra), columns=["partition", "into_time", "increment"])
+
+
+def batch_frame(rows=None, extra: list[tuple] = ()) -> pd.DataFrame:
+    rows = reclock(UPDATES, REMAP) if rows is None else rows
+    return pd.DataFrame(list(rows) + list(extra), columns=["data", "partition", "offset", "into_time", "diff"])
+
+
+def test_good_remap_passes():
+    report = check_remap(remap_frame())
+    assert report.success, report.summary()
+    assert report.rows == 4 and len(report.results) == 5
+    report.raise_for_failure()
+
+
+def test_good_remap_with_repeated_rows_and_compaction_passes():
+    # Rows at one time may repeat a partition (they sum); a compacted remap has a binding at since.
+    split = remap_frame(extra=[(0, 20, 1), (0, 20, -1)])
+    assert check_remap(split).success
+    compacted = REMAP.compact(20)
+    assert check_remap(remap_frame(compacted), since=compacted.since).success
+
+
+@pytest.mark.parametrize("frame, since, failing", [
+    (remap_frame(extra=[(None, 20, 1)]), 0, "remap.partition_not_null"),
+    (remap_frame(extra=[(0, None, 1)]), 0, "remap.into_time_not_null"),
+    (remap_frame(extra=[(1, 20, -1)]), 0, "remap.monotone"),
+    (remap_frame(), 15, "remap.times_increasing"),                      # a binding before since
+    (remap_frame(extra=[(0, -5, 1), (0, 10, -1)]), 0, "remap.times_increasing"),  # before the epoch
+    (remap_frame(extra=[(1, 40, 0)]), 0, "remap.bindings_move"),
+], ids=["null-partition", "null-into_time", "not-monotone", "before-since", "negative-time", "empty-binding"])
+def test_broken_remap_fails_its_check(frame, since, failing):
+    report = check_remap(frame, since=since)
+    assert report.failed == [failing], report.summary()
+    with pytest.raises(ChecksFailed, match=f"FAIL {failing}"):
+        report.raise_for_failure()
+
+
+def test_good_batch_passes():
+    report = check_reclocked(batch_frame(), REMAP, start=10)
+    assert report.success, report.summary()
+    assert report.rows == len(UPDATES)
+    assert report.as_dict() == {"subject": "reclocked batch", "rows": 9, "success": True, "failed": []}
+
+
+def _changed(offset_in_p0: int, **fields) -> list:
+    """The good batch with the record at ``(0, offset_in_p0)`` changed."""
+    return [r._replace(**fields) if (r.partition, r.offset) == (0, offset_in_p0) else r
+            for r in reclock(UPDATES, REMAP)]
+
+
+@pytest.mark.parametrize("frame, start, failing", [
+    (batch_frame(_changed(0, into_time=20)), None, "reclocked.first_covering_binding"),   # a later binding
+    (batch_frame(_changed(4, into_time=10)), None, "reclocked.first_covering_binding"),   # an earlier one
+    (batch_frame(extra=[("late", 1, 4, 30, 1)]), None, "reclocked.within_frontier"),
+    (batch_frame(_changed(1, diff=0)), None, "reclocked.diff_non_zero"),
+    (batch_frame(extra=[("again", 1, 3, 30, 1)]), None, "reclocked.offsets_unique"),
+    (batch_frame(_changed(0, into_time=None)), None, "reclocked.stamped"),
+    (batch_frame(), 20, "reclocked.in_window"),                               # records of binding 10 restaged
+], ids=["later-binding", "earlier-binding", "beyond-frontier", "zero-diff", "duplicate-offset", "null-into_time",
+        "outside-window"])
+def test_broken_batch_fails_its_check(frame, start, failing):
+    report = check_reclocked(frame, REMAP, start)
+    assert report.failed == [failing], report.summary()
+    with pytest.raises(ChecksFailed, match=f"FAIL {failing}"):
+        report.raise_for_failure()
+
+
+def test_missing_column_fails_with_the_error():
+    report = check_reclocked(batch_frame().drop(columns="diff"), REMAP)
+    assert report.failed == ["reclocked.diff_non_zero"]
+    assert 'The column "diff" in BatchData does not exist' in report.summary()
+
+
+def test_empty_window_holds_no_records():
+    assert check_reclocked(batch_frame().iloc[:0], REMAP, start=REMAP.upper).success
+    assert check_reclocked(batch_frame(), REMAP, start=REMAP.upper).failed == ["reclocked.in_window"]
+
+
+def test_duplicate_offsets_allowed_when_not_unique():
+    frame = batch_frame(extra=[("retraction", 1, 3, 30, -1)])
+    assert check_reclocked(frame, REMAP, offsets_unique=False).success
+
+
+@pytest.mark.slow
+def test_spark_batch(spark):
+    schema = "data string, partition int, offset long, into_time long, diff long"
+    good = spark.createDataFrame(list(reclock(UPDATES, REMAP)), schema)
+    report = check_reclocked(good, REMAP, start=10)
+    assert report.success and report.rows == len(UPDATES), report.summary()
+
+    broken = spark.createDataFrame(_changed(0, into_time=20) + [("late", 1, 4, 30, 1), ("gone", 0, 1, 10, 0)], schema)
+    report = check_reclocked(broken, REMAP)
+    assert report.failed == ["reclocked.first_covering_binding", "reclocked.within_frontier",
+                             "reclocked.diff_non_zero", "reclocked.offsets_unique"], report.summary()

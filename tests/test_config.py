@@ -1,0 +1,124 @@
+"""The sources file: parsing, env overrides and expansion, and clear validation errors."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reclock.config import DEFAULT_PATH, KINDS, ConfigError, load_config, register_kind
+
+GOOD = {
+    "warehouse": "var/warehouse",
+    "storage_options": {"AWS_ALLOW_HTTP": True},
+    "spark": {"master": "local[1]", "conf": {"spark.sql.shuffle.partitions": 2}},
+    "sources": [
+        {"name": "orders", "kind": "kafka", "schedule": None, "start_date": "2026-01-01",
+         "retention_ms": 1000,
+         "options": {"bootstrap_servers": "${BROKER:-127.0.0.1:19092}", "topic": "orders", "group_id": "g"}},
+        {"name": "clicks", "kind": "kafka", "schedule": "@hourly",
+         "options": {"bootstrap_servers": "b:9092", "topic": "clicks", "group_id": "g2"}},
+    ],
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for var in ("RECLOCK_CONFIG", "RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "BROKER"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def write(tmp_path: Path, doc, name: str = "sources.yaml") -> Path:
+    path = tmp_path / "conf" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return path
+
+
+def variant(**changes) -> dict:
+    """GOOD with the first source's keys changed (``None`` values delete the key)."""
+    doc = yaml.safe_load(yaml.safe_dump(GOOD))
+    for key, value in changes.items():
+        if value is None:
+            doc["sources"][0].pop(key)
+        else:
+            doc["sources"][0][key] = value
+    return doc
+
+
+def test_parses_good_config(tmp_path):
+    config = load_config(write(tmp_path, GOOD))
+    assert list(config.sources) == ["orders", "clicks"]
+    assert config.warehouse == str(tmp_path / "var" / "warehouse")  # relative to the file's dir's parent
+    assert config.storage_options == {"AWS_ALLOW_HTTP": "true"}
+    assert config.spark_master == "local[1]"
+    assert config.spark_conf == {"spark.sql.shuffle.partitions": "2"}
+    orders = config.source("orders")
+    assert orders.start_date == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert orders.retention_ms == 1000 and orders.offsets_unique
+    assert orders.options["bootstrap_servers"] == "127.0.0.1:19092"
+    clicks = config.source("clicks")
+    assert clicks.schedule == "@hourly" and clicks.start_date is None and clicks.retention_ms > 0
+
+
+def test_demo_config_is_valid():
+    config = load_config(DEFAULT_PATH)
+    assert {"orders", "clicks"} <= set(config.sources)
+
+
+def test_env_overrides_and_expansion(tmp_path, monkeypatch):
+    path = write(tmp_path, GOOD)
+    monkeypatch.setenv("RECLOCK_CONFIG", str(path))
+    monkeypatch.setenv("RECLOCK_WAREHOUSE", "s3://bucket/prefix")
+    monkeypatch.setenv("RECLOCK_SPARK_MASTER", "spark://master:7077")
+    monkeypatch.setenv("BROKER", "kafka:9092")
+    config = load_config()
+    assert config.path == path
+    assert config.warehouse == "s3://bucket/prefix"
+    assert config.spark_master == "spark://master:7077"
+    assert config.source("orders").options["bootstrap_servers"] == "kafka:9092"
+
+
+def test_unknown_source_lists_known_names(tmp_path):
+    config = load_config(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError, match=r"no source named 'nope' \(known: orders, clicks\)"):
+        config.source("nope")
+
+
+def test_registered_kind_is_accepted(tmp_path, monkeypatch):
+    monkeypatch.setattr("reclock.config.KINDS", dict(KINDS))  # keep the registry clean for other tests
+    register_kind("test_files", ("root",), offsets_unique=False)
+    doc = variant(kind="test_files", options={"root": "/data"})
+    assert not load_config(write(tmp_path, doc)).source("orders").offsets_unique
+
+
+@pytest.mark.parametrize("doc, message", [
+    (variant(kind="kinesis"), r"sources\[0\] \(orders\)\.kind: unknown kind 'kinesis' \(known: .*kafka"),
+    (variant(name="Orders"), r"sources\[0\]\.name: must match"),
+    (variant(name="clicks"), r"sources\[1\]\.name: duplicate source name 'clicks'"),
+    (variant(options={"topic": "t"}), r"\(orders\)\.options: missing required option\(s\) for kind kafka: "
+                                      r"bootstrap_servers, group_id"),
+    (variant(options=None), r"missing required option"),
+    (variant(retention_ms=-1), r"\(orders\)\.retention_ms: must be a non-negative integer"),
+    (variant(color="red"), r"sources\[0\]: unknown key\(s\) color"),
+    (variant(start_date="soon"), r"start_date: must be an ISO date"),
+    (variant(schedule=5), r"schedule: must be a non-empty string"),
+    ({**GOOD, "extra": 1}, r"top level: unknown key\(s\) extra"),
+    ({**GOOD, "spark": {"master": "local", "cores": 2}}, r"spark: unknown key\(s\) cores"),
+    ({**GOOD, "sources": []}, r"sources: must be a non-empty list"),
+    ({k: v for k, v in GOOD.items() if k != "warehouse"}, r"warehouse: must be a non-empty string"),
+    (variant(options={"bootstrap_servers": "${NOT_SET_ANYWHERE}", "topic": "t", "group_id": "g"}),
+     r"sources\[0\]\.options\.bootstrap_servers: environment variable NOT_SET_ANYWHERE is not set"),
+    ("sources: [", r"invalid YAML"),
+])
+def test_validation_errors_name_file_and_field(tmp_path, doc, message):
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}: ")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "absent.yaml")

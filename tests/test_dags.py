@@ -1,0 +1,147 @@
+"""The generated DAGs, parsed by a real DagBag in a subprocess with a temp AIRFLOW_HOME and config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_env import DAGS_FOLDER, PYTHON, REPO, airflow_env, prepare_home, run_dag_test, run_python
+from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
+
+ORDER = ["tick", "reclock", "check", "publish", "resume", "compact"]
+
+
+def write_config(directory: Path, schedule_clicks="@hourly", kind="kafka") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    options = {"bootstrap_servers": "127.0.0.1:1", "group_id": "g"}
+    doc = {
+        "warehouse": str(directory / "warehouse"),
+        "spark": {"master": "local[1]", "conf": {"spark.ui.enabled": False}},
+        "sources": [
+            {"name": "orders", "kind": kind, "schedule": None, "start_date": "2026-01-01",
+             "options": {**options, "topic": "orders"}},
+            {"name": "clicks", "kind": "kafka", "schedule": schedule_clicks, "start_date": "2026-02-01T06:00:00",
+             "retention_ms": 60000, "options": {**options, "topic": "clicks"}},
+        ],
+    }
+    path = directory / "sources.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# Parse one DagBag per config in one subprocess and describe what Airflow saw.
+DESCRIBE = """
+import os
+from airflow.models import DagBag
+out = {}
+for case, config in CASES.items():
+    os.environ["RECLOCK_CONFIG"] = config
+    bag = DagBag(dag_folder=DAGS)
+    dags = {}
+    for dag_id, dag in bag.dags.items():
+        spark = dag.get_task("reclock")
+        dags[dag_id] = {
+            "downstream": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
+            "schedule": dag.schedule, "timetable": type(dag.timetable).__name__,
+            "cron": getattr(dag.timetable, "expression", None),
+            "start_date": dag.start_date.isoformat(), "catchup": dag.catchup,
+            "max_active_runs": dag.max_active_runs, "tags": sorted(dag.tags), "doc_md": dag.doc_md,
+            "spark": {"application": spark.application, "args": spark.application_args, "conf": spark.conf,
+                      "env_vars": spark.env_vars, "binary": spark._spark_binary, "conn_id": spark._conn_id,
+                      "master": spark._get_hook()._connection["master"]},
+        }
+    out[case] = {"dags": dags, "errors": {os.path.basename(k): v for k, v in bag.import_errors.items()}}
+emit(out)
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("dags")
+    cases = {
+        "good": write_config(base / "good"),
+        "bad_kind": write_config(base / "bad_kind", kind="kinesis"),
+        "bad_cron": write_config(base / "bad_cron", schedule_clicks="every tuesday"),
+        "missing": base / "absent.yaml",
+        "demo": REPO / "include" / "sources.yaml",
+    }
+    code = f"CASES = {({k: str(v) for k, v in cases.items()})!r}\nDAGS = {str(DAGS_FOLDER)!r}\n"
+    result = run_python(code + DESCRIBE, airflow_env(base / "airflow"), timeout=300)
+    return {**result, "paths": cases}
+
+
+def test_one_dag_per_source_without_errors(parsed):
+    good = parsed["good"]
+    assert good["errors"] == {}
+    assert sorted(good["dags"]) == ["reclock_clicks", "reclock_orders"]
+    assert sorted(parsed["demo"]["dags"]) == ["reclock_clicks", "reclock_orders"]
+
+
+@pytest.mark.parametrize("dag_id", ["reclock_orders", "reclock_clicks"])
+def test_task_order(parsed, dag_id):
+    downstream = parsed["good"]["dags"][dag_id]["downstream"]
+    assert downstream == {task: ORDER[i + 1:i + 2] for i, task in enumerate(ORDER)}
+
+
+def test_schedule_and_dag_settings(parsed):
+    orders, clicks = (parsed["good"]["dags"][f"reclock_{n}"] for n in ("orders", "clicks"))
+    assert orders["timetable"] == "NullTimetable"  # schedule: null = manual only
+    assert clicks["schedule"] == "@hourly"
+    assert (clicks["timetable"], clicks["cron"]) == ("CronTriggerTimetable", "0 * * * *")
+    assert orders["start_date"] == "2026-01-01T00:00:00+00:00"
+    assert clicks["start_date"] == "2026-02-01T06:00:00+00:00"
+    for dag in (orders, clicks):
+        assert (dag["catchup"], dag["max_active_runs"], dag["tags"]) == (False, 1, ["reclock"])
+    assert "Reclock `clicks` (kafka)" in clicks["doc_md"] and '"topic": "clicks"' in clicks["doc_md"]
+
+
+def test_spark_task(parsed):
+    spark = parsed["good"]["dags"]["reclock_orders"]["spark"]
+    assert Path(spark["application"]) == REPO / "spark_jobs" / "reclock_job.py"
+    assert spark["args"] == ["--config", str(parsed["paths"]["good"]), "--source", "orders"]
+    assert spark["conn_id"] == "reclock_spark"
+    assert spark["master"] == "local[1]"  # the connection follows the config's spark.master
+    assert spark["binary"] == str(Path(PYTHON).parent / "spark-submit")
+    assert spark["env_vars"] == {"PYSPARK_PYTHON": PYTHON}
+    assert spark["conf"] == {"spark.pyspark.python": PYTHON, "spark.ui.enabled": "false"}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("bad_kind", r"sources[0] (orders).kind: unknown kind 'kinesis' (known: kafka"),
+    ("bad_cron", "source clicks: cannot build its DAG"),
+    ("missing", "cannot read config"),
+])
+def test_broken_config_is_an_import_error(parsed, case, message):
+    result = parsed[case]
+    assert result["dags"] == {}
+    [(file, error)] = result["errors"].items()
+    assert file == "reclock_sources.py"
+    assert "ConfigError" in error and message in error and str(parsed["paths"][case]) in error
+
+
+@pytest.mark.slow
+def test_dag_test_runs_every_task(tmp_path, airflow_db_template):
+    """dag.test() with a stub pipeline and a tiny Spark job: the Spark connection and binaries work."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import sys\nfrom pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.getOrCreate()\n"
+        "assert spark.sparkContext.master == 'local[1]', spark.sparkContext.master\n"
+        "assert spark.range(3).rdd.map(lambda r: r.id).sum() == 3  # a Python worker runs\n"
+        "print('JOB', sys.executable, sys.argv[1:], flush=True)\nspark.stop()\n")
+    setup = (
+        "import sys, types, reclock\n"
+        "calls = []\n"
+        "stub = types.ModuleType('reclock.pipeline')\n"
+        "for step in ('tick', 'check', 'publish', 'resume', 'compact'):\n"
+        "    setattr(stub, step, lambda name, path, step=step: calls.append(step) or {'step': step})\n"
+        "sys.modules['reclock.pipeline'] = reclock.pipeline = stub\n")
+    config = write_config(tmp_path / "conf")
+    env = prepare_home(tmp_path / "airflow", config, db_template=airflow_db_template)
+    env["PATH"] = "/usr/bin:/bin"  # spark-submit and Python must come from the venv without PATH
+    adjust = f"dag.get_task('reclock').application = {str(job)!r}"
+    result = run_dag_test("reclock_orders", env, setup=setup, adjust=adjust)
+    assert result["state"] == "success", result["output"][-3000:]
+    assert set(result["tasks"].values()) == {"success"} and len(result["tasks"]) == len(ORDER)
+    assert f"JOB {PYTHON} ['--config', '{config}', '--source', 'orders']" in result["output"]
