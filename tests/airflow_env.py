@@ -23,40 +23,25 @@ before parsing or change the parsed ``dag`` before the run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DAGS_FOLDER = REPO / "dags"
-PYTHON = sys.executable  # the venv's python (not resolved: the venv is found through this path)
+from reclock import airflow_home
+from reclock.airflow_home import DAGS_FOLDER, PYTHON, REPO, run  # noqa: F401  (re-exported for tests)
+
 _MARK = "RECLOCK_AIRFLOW_RESULT "
 
 
 def airflow_env(home: Path, config: Path | None = None, dags_folder: Path = DAGS_FOLDER) -> dict[str, str]:
-    """Environment for an Airflow process rooted at ``home`` (reclock config from ``config``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")])),
-    })
-    if config is not None:
-        env["RECLOCK_CONFIG"] = str(config)
-    return env
+    """Environment for an Airflow process rooted at ``home``; this folder is importable in it."""
+    return airflow_home.airflow_env(home, config, dags_folder, extra_pythonpath=Path(__file__).parent)
 
 
 def migrated_db(home: Path) -> Path:
     """Run ``airflow db migrate`` in ``home`` and return the SQLite file (a template to copy)."""
-    home.mkdir(parents=True, exist_ok=True)
-    run([str(Path(PYTHON).parent / "airflow"), "db", "migrate"], airflow_env(home), timeout=300)
-    return home / "airflow.db"
+    return airflow_home.migrate(home, airflow_env(home))
 
 
 @pytest.fixture(scope="session")
@@ -74,15 +59,6 @@ def prepare_home(home: Path, config: Path | None = None, db_template: Path | Non
     else:
         migrated_db(home)
     return airflow_env(home, config, dags_folder)
-
-
-def run(cmd: list[str], env: dict[str, str], timeout: float = 600) -> str:
-    """Run ``cmd``; return its combined output, or raise AssertionError carrying that output."""
-    proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
-    if proc.returncode:
-        raise AssertionError(f"{' '.join(cmd[:2])} ... exited {proc.returncode}:\n{proc.stdout[-5000:]}")
-    return proc.stdout
 
 
 def run_python(code: str, env: dict[str, str], timeout: float = 600) -> dict:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reclock.config import DEFAULT_PATH, KINDS, ConfigError, load_config, register_kind
+from reclock import sources
+from reclock.config import DEFAULT_PATH, ConfigError, load_config
 
 GOOD = {
     "warehouse": "var/warehouse",
@@ -87,10 +88,34 @@ def test_unknown_source_lists_known_names(tmp_path):
 
 
 def test_registered_kind_is_accepted(tmp_path, monkeypatch):
-    monkeypatch.setattr("reclock.config.KINDS", dict(KINDS))  # keep the registry clean for other tests
-    register_kind("test_files", ("root",), offsets_unique=False)
+    monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))  # keep the registry clean for other tests
+    sources.register_source("test_files", "reclock.sources.files:FileSource", ("root",), offsets_unique=False)
     doc = variant(kind="test_files", options={"root": "/data"})
     assert not load_config(write(tmp_path, doc)).source("orders").offsets_unique
+    with pytest.raises(ConfigError, match=r"missing required option\(s\) for kind test_files: root"):
+        load_config(write(tmp_path, variant(kind="test_files", options={"url": "/data"})))
+
+
+@pytest.mark.parametrize("kind, options, offsets_unique", [
+    ("postgres", {"dsn": "host=/tmp dbname=app", "slot": "reclock_app", "tables": ["public.items"]}, False),
+    ("files", {"url": "s3://bucket/logs", "pattern": "*.jsonl"}, True),
+])
+def test_postgres_and_files_kinds(tmp_path, kind, options, offsets_unique):
+    config = load_config(write(tmp_path, variant(kind=kind, options=options)))
+    assert config.source("orders").kind == kind and config.source("orders").offsets_unique is offsets_unique
+    for missing in sources.source_kind(kind).required_options:
+        doc = variant(kind=kind, options={k: v for k, v in options.items() if k != missing})
+        with pytest.raises(ConfigError, match=rf"missing required option\(s\) for kind {kind}: {missing}$"):
+            load_config(write(tmp_path, doc))
+
+
+def test_config_kinds_are_the_buildable_kinds(tmp_path):
+    """One registry: every kind the sources file accepts builds, and vice versa."""
+    assert {"kafka", "files", "postgres"} <= set(sources.source_kinds())
+    for kind in sources.source_kinds():
+        assert callable(sources._resolve(kind))
+    with pytest.raises(ConfigError, match=r"unknown kind 'nope' \(known: cdcv2, files, kafka, postgres\)"):
+        load_config(write(tmp_path, variant(kind="nope")))
 
 
 @pytest.mark.parametrize("doc, message", [

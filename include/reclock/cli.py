@@ -42,12 +42,18 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--sql", help="Spark SQL over the sources' views (default: SELECT * FROM the one source)")
     q.add_argument("--source", action="append", help="source(s) to expose (default: all configured)")
     q.add_argument("--limit", type=int, default=50)
+    k = sub.add_parser("sink-cdcv2", help="write a source's reclocked collection as CDC v2 (new intervals only)")
+    k.add_argument("source")
+    k.add_argument("--to", required=True, help="kafka://host:port/topic or a directory URL (file:///dir, s3://...)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         if args.command in STEPS:
             step = pipeline.run_once if args.command == "run" else getattr(pipeline, args.command)
             print(json.dumps(step(args.source, args.config), indent=2, default=str))
+        elif args.command == "sink-cdcv2":
+            from .sinks import sink_cdcv2
+            print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))
         elif args.command == "status":
             print(json.dumps(status(args.config), indent=2))
         else:

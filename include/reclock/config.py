@@ -8,7 +8,8 @@ everything, raising :class:`ConfigError` naming the file and the field.
 A relative ``warehouse`` in the file is resolved against the parent of the
 file's directory (the repo root for ``include/sources.yaml``); a relative
 ``RECLOCK_WAREHOUSE`` against the working directory.  URIs (``s3://...``) are
-kept as they are.  New source kinds are added with :func:`register_kind`.
+kept as they are.  The valid kinds, their required options and whether their offsets are
+unique come from the source registry: :func:`reclock.sources.register_source` adds a kind.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .sources import source_kind, source_kinds
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "sources.yaml"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -36,28 +39,6 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class SourceKind:
-    """What the config knows about a kind of source."""
-
-    name: str
-    required_options: tuple[str, ...] = ()
-    #: Whether each offset carries exactly one record (Kafka yes; CDC feeds may put several at one LSN).
-    offsets_unique: bool = True
-
-
-KINDS: dict[str, SourceKind] = {}
-
-
-def register_kind(name: str, required_options: tuple[str, ...] = (), offsets_unique: bool = True) -> SourceKind:
-    """Make ``kind: <name>`` valid in the sources file (call at import time of the source module)."""
-    KINDS[name] = SourceKind(name, tuple(required_options), offsets_unique)
-    return KINDS[name]
-
-
-register_kind("kafka", ("bootstrap_servers", "topic", "group_id"))
-
-
-@dataclass(frozen=True)
 class SourceConfig:
     name: str
     kind: str
@@ -68,7 +49,7 @@ class SourceConfig:
 
     @property
     def offsets_unique(self) -> bool:
-        return KINDS[self.kind].offsets_unique
+        return source_kind(self.kind).offsets_unique
 
 
 @dataclass(frozen=True)
@@ -182,10 +163,10 @@ def _parse_source(r: _Reader, entry: Any, where: str) -> SourceConfig:
         raise r.fail(f"{where}.name", f"must match [a-z][a-z0-9_]*, got {name!r}")
     where = f"{where} ({name})"
     kind = entry.get("kind")
-    if kind not in KINDS:
-        raise r.fail(f"{where}.kind", f"unknown kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    if source_kind(kind) is None:
+        raise r.fail(f"{where}.kind", f"unknown kind {kind!r} (known: {', '.join(source_kinds())})")
     options = r.mapping(entry.get("options"), f"{where}.options")
-    if missing := [o for o in KINDS[kind].required_options if options.get(o) in (None, "")]:
+    if missing := [o for o in source_kind(kind).required_options if options.get(o) in (None, "")]:
         raise r.fail(f"{where}.options", f"missing required option(s) for kind {kind}: {', '.join(missing)}")
     retention = entry.get("retention_ms", DEFAULT_RETENTION_MS)
     if isinstance(retention, bool) or not isinstance(retention, int) or retention < 0:

@@ -15,7 +15,7 @@ from typing import Iterator
 
 from .config import SourceConfig, load_config
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
-from .sources import build_source
+from .sources import build_source, source_class
 from .sources.base import Source, SourceError
 from .warehouse import SourceTables, Warehouse
 
@@ -37,17 +37,26 @@ class SourceContext:
 
 
 @contextmanager
-def open_source(name: str, config_path: str | None = None) -> Iterator[SourceContext]:
-    """The configured source, connected, with its warehouse tables."""
+def open_source(name: str, config_path: str | None = None, connect: bool = True) -> Iterator[SourceContext]:
+    """The configured source, connected, with its warehouse tables.
+
+    ``connect=False`` (reading what is published): when the source's class declares its
+    schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema`` and
+    ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
+    """
     config = load_config(config_path)
     source_config = config.source(name)
-    source = build_source({"kind": source_config.kind, **source_config.options})
+    source = None if connect else source_class(source_config.kind)
+    connected = source is None
+    if connected:
+        source = build_source({"kind": source_config.kind, **source_config.options})
     try:
         tables = Warehouse(config.warehouse, config.storage_options).source(
             name, source.partition_type, source.data_schema)
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf)
     finally:
-        source.close()
+        if connected:
+            source.close()
 
 
 def now_ms() -> int:
@@ -63,6 +72,12 @@ def tick(name: str, config_path: str | None = None, now: int | None = None) -> d
     with open_source(name, config_path) as ctx:
         remap = ctx.tables.read_remap()
         frontier = ctx.source.upper()
+        released = ctx.source.committed()
+        if remap.bindings and not released.less_equal(remap.frontier):  # resume never commits beyond it
+            raise SourceError(f"{name}: upstream already released {released}, beyond the frontier bound so far "
+                              f"{remap.frontier}: the records in between were never reclocked and cannot be read "
+                              "(was the upstream position reset or recreated, e.g. a dropped replication slot?); "
+                              "nothing written")
         into_time = now if now is not None else now_ms()
         after = remap.mint(into_time, frontier)  # RemapError: clock or source went backwards; nothing written
         written = ctx.tables.append_binding(remap, after)
@@ -80,7 +95,7 @@ def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
 def stage(name: str, config_path: str | None = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files."""
     from .spark_session import get_spark
-    from .spark_source import read_ranges
+    from .spark_source import read_ranges, worker_source_error
 
     with open_source(name, config_path) as ctx:
         remap = ctx.tables.read_remap()
@@ -89,14 +104,26 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
             return {"staged_rows": 0, "upto": remap.upper - 1}
         start, upto = window
         released = ctx.source.committed()
-        needed = remap.at(start - 1) if start > remap.since and start > 0 else Frontier()
-        if not released.less_equal(needed):
-            raise SourceError(f"{name}: upstream already released {released}, but bindings from {start} "
-                              f"need data from {needed}; the data cannot be read again")
         ranges = remap.ranges(start)
+        if start > remap.since and start > 0:
+            needed = remap.at(start - 1)
+            if not released.less_equal(needed):
+                raise SourceError(f"{name}: upstream already released {released}, but bindings from {start} "
+                                  f"need data from {needed}; the data cannot be read again")
+        elif released.uppers:
+            # The first window: the source starts at its committed frontier (a Postgres slot at its
+            # creation, a reused consumer group); what lies below it is not part of this history.
+            log.warning("%s: first staging starts at the upstream committed frontier %s", name, released)
+            ranges = [r._replace(start=max(r.start, released[r.partition])) for r in ranges
+                      if r.end > released[r.partition]]
         spark = spark or get_spark(ctx.spark_master, f"reclock-{name}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
-        rows = ctx.tables.stage(read_ranges(spark, ctx.spec, ranges), upto)
+        try:
+            rows = ctx.tables.stage(read_ranges(spark, ctx.spec, ranges), upto)
+        except Exception as e:  # a Spark job failure: surface the source's own message
+            if (message := worker_source_error(e)) is None:
+                raise
+            raise SourceError(f"{name}: staging IntoTimes {start}..{upto} failed: {message}") from e
         return {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
 
 

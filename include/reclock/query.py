@@ -34,7 +34,7 @@ class Readable:
 
 
 def readable(name: str, config_path: str | None = None) -> Readable:
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, connect=False) as ctx:
         remap = ctx.tables.read_remap()
         return Readable(name, ctx.tables.since(), min(remap.upper, ctx.tables.reclocked_upper()))
 
@@ -52,7 +52,7 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
     config: Config = load_config(config_path)
     counts = {}
     for name in names or list(config.sources):
-        with open_source(name, config_path) as ctx:
+        with open_source(name, config_path, connect=False) as ctx:
             remap = ctx.tables.read_remap()
             window = Readable(name, ctx.tables.since(), min(remap.upper, ctx.tables.reclocked_upper()))
             window.check(t)
@@ -60,7 +60,12 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
             if ctx.tables.since() > t:  # compaction raced with this read
                 window = Readable(name, ctx.tables.since(), window.upper)
                 window.check(t)
-            keys = [c for c in df.columns if c not in ("into_time", "diff")]
+            # Where offsets are times (several records per offset, a retraction at a later offset
+            # than its insertion) contents are per record, not per offset: the view has no offset.
+            drop = ("into_time", "diff") if ctx.config.offsets_unique else ("into_time", "diff", "offset")
+            # Change metadata (Postgres op, xid, seq, commit_time) is not part of a record's contents.
+            content = getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns
+            keys = [c for c in df.columns if c not in drop and (c in content or c not in ctx.tables.data_columns)]
             contents = (df.where(F.col("into_time") <= t).groupBy(*keys).agg(F.sum("diff").alias("_n"))
                         .where(F.col("_n") != 0))
             if contents.where(F.col("_n") < 0).limit(1).count():

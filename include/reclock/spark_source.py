@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -31,6 +32,7 @@ from .sources.base import SourceError
 NAME = "reclock"
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
 BATCH_ROWS = 8192
+_WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*)")
 
 
 def output_arrow_schema(source) -> pa.Schema:
@@ -164,6 +166,12 @@ def read_range_batches(source, into_time: int, partition: Any, start: int, end: 
             yield flush()
     if columns["offset"]:
         yield flush()
+
+
+def worker_source_error(error: BaseException) -> str | None:
+    """The message of the :class:`SourceError` a Python worker raised, inside a Spark job failure, or None."""
+    found = _WORKER_SOURCE_ERROR.search(str(error))
+    return found.group(1).strip() if found else None
 
 
 def register(spark) -> None:

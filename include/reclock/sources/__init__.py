@@ -4,39 +4,77 @@ A spec is ``{"kind": <registered kind>, **constructor kwargs}``, e.g.
 ``{"kind": "kafka", "bootstrap_servers": "127.0.0.1:9092", "topic": "t", "group_id": "g"}``.
 Specs travel to Spark workers as JSON, so a worker can rebuild the source it reads from.
 Register more kinds with :func:`register_source`; the constructor is imported lazily.
+This registry is also what the sources file accepts (:mod:`reclock.config` validates ``kind``
+and the required options against it), so a kind is known to both or to neither.
 """
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .base import Source, SourceError
 
 SourceFactory = Callable[..., Source]
 
-# kind -> "module:attribute" (imported on first use) or a callable
-_REGISTRY: dict[str, str | SourceFactory] = {
-    "kafka": "reclock.sources.kafka:KafkaSource",
-    "files": "reclock.sources.files:FileSource",
-    "postgres": "reclock.sources.postgres:PostgresSource",
-}
+
+@dataclass(frozen=True)
+class SourceKind:
+    """A registered kind: how to build it, and what the sources file must say about it."""
+
+    name: str
+    #: ``"module:attribute"`` (imported on first use) or a callable taking the spec's kwargs.
+    factory: str | SourceFactory
+    #: Options the sources file must give (non-empty) for this kind.
+    required_options: tuple[str, ...] = ()
+    #: Whether each offset carries exactly one record (Kafka, files yes; Postgres no: all changes
+    #: of a transaction share its commit LSN).
+    offsets_unique: bool = True
 
 
-def register_source(kind: str, factory: str | SourceFactory) -> None:
+_REGISTRY: dict[str, SourceKind] = {}
+
+
+def register_source(kind: str, factory: str | SourceFactory, required_options: tuple[str, ...] = (),
+                    offsets_unique: bool = True) -> SourceKind:
     """Register ``kind`` as a callable or a ``"module:attribute"`` path taking the spec's kwargs.
 
     Prefer the path form for sources read by Spark: workers import it, a callable registered
-    only in the driver process is unknown there.
+    only in the driver process is unknown there.  ``required_options`` and ``offsets_unique``
+    are what the sources file's validation and the checks know about the kind.
     """
-    _REGISTRY[kind] = factory
+    _REGISTRY[kind] = SourceKind(kind, factory, tuple(required_options), bool(offsets_unique))
+    return _REGISTRY[kind]
+
+
+register_source("kafka", "reclock.sources.kafka:KafkaSource", ("bootstrap_servers", "topic", "group_id"))
+register_source("files", "reclock.sources.files:FileSource", ("url",))
+register_source("postgres", "reclock.sources.postgres:PostgresSource", ("dsn", "slot"), offsets_unique=False)
+register_source("cdcv2", "reclock.sources.cdcv2:CdcV2Source", ("transport",), offsets_unique=False)  # offset = CDC time
 
 
 def source_kinds() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def source_kind(kind: Any) -> SourceKind | None:
+    """The registered kind named ``kind``, or None."""
+    return _REGISTRY.get(kind) if isinstance(kind, str) else None
+
+
+def source_class(kind: str) -> type | None:
+    """The kind's class when it declares ``partition_type`` and ``data_schema`` itself, else None.
+
+    Enough to find a source's warehouse tables without building it (and connecting upstream).
+    """
+    factory = _resolve(kind)
+    declares = isinstance(factory, type) and all(hasattr(factory, a) for a in ("partition_type", "data_schema"))
+    return factory if declares else None
+
+
 def _resolve(kind: str) -> SourceFactory:
-    factory = _REGISTRY.get(kind)
+    registered = source_kind(kind)
+    factory = registered.factory if registered else None
     if factory is None:
         if ":" in kind:  # an unregistered "module:attribute" works too
             factory = kind
@@ -64,4 +102,5 @@ def build_source(spec: Mapping[str, Any]) -> Source:
         raise SourceError(f"bad arguments for source kind {kind!r}: {e}") from e
 
 
-__all__ = ["Source", "SourceError", "build_source", "register_source", "source_kinds"]
+__all__ = ["Source", "SourceError", "SourceKind", "build_source", "register_source", "source_class", "source_kind",
+           "source_kinds"]

@@ -17,6 +17,8 @@ class Source(Protocol):
     partition_type: pa.DataType
     #: The data columns a record carries (without partition, offset, into_time, diff).
     data_schema: pa.Schema
+    # Optional ``content_columns``: the data columns that make up a record's contents in AS OF
+    # views (default: all); the others describe the change (e.g. Postgres op, xid, commit_time).
 
     def upper(self) -> Frontier:
         """The source's current upper frontier: every record below it is complete and readable."""

@@ -1,0 +1,53 @@
+"""A self-contained Airflow home (SQLite metadata DB) for the demo and tests, run in subprocesses.
+
+Airflow reads ``AIRFLOW_HOME`` and ``AIRFLOW__*`` once, at import, so callers run Airflow
+commands in child processes with the environment built here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS_FOLDER = REPO / "dags"
+PYTHON = sys.executable  # the venv's python (not resolved: the venv is found through this path)
+AIRFLOW = str(Path(PYTHON).parent / "airflow")
+
+
+def airflow_env(home: Path, config: Path | None = None, dags_folder: Path = DAGS_FOLDER,
+                extra_pythonpath: Path | None = None) -> dict[str, str]:
+    """Environment for an Airflow process rooted at ``home`` (reclock config from ``config``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "PYSPARK_PYTHON": PYTHON,
+    })
+    if extra_pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_pythonpath), env.get("PYTHONPATH")]))
+    if config is not None:
+        env["RECLOCK_CONFIG"] = str(config)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stderr: bool = True) -> str:
+    """Run ``cmd``; return its output (with stderr unless told not), or raise RuntimeError with its tail."""
+    proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if stderr else subprocess.PIPE, text=True, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... exited {proc.returncode}:\n"
+                           f"{(proc.stdout + (proc.stderr or ''))[-5000:]}")
+    return proc.stdout
+
+
+def migrate(home: Path, env: dict[str, str]) -> Path:
+    """``airflow db migrate`` in ``home``; returns the SQLite file."""
+    home.mkdir(parents=True, exist_ok=True)
+    run([AIRFLOW, "db", "migrate"], env, timeout=300)
+    return home / "airflow.db"
