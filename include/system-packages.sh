@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages reclock needs beyond Python: Java for Spark, Postgres server binaries for the Postgres tests.
+# System packages reclock needs beyond Python: Java for Spark, Postgres server binaries for the
+# Postgres tests, Chromium for the progress-view browser test.
 set -euo pipefail
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
@@ -7,6 +8,7 @@ pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || tr
 if [ -z "$pg_bin" ]; then
   missing+=(postgresql)
 fi
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "reclock: please install: ${missing[*]} (needs root)" >&2; exit 1
