@@ -9,11 +9,12 @@ if [ -z "$pg_bin" ]; then
   missing+=(postgresql)
 fi
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)  # validates docker-compose.yaml
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "reclock: please install: ${missing[*]} (needs root)" >&2; exit 1
   fi
   echo "reclock: installing ${missing[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi

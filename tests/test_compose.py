@@ -1,0 +1,418 @@
+"""docker-compose.yaml and docker/: validated by a Compose CLI when one is installed, checked at the
+YAML level always.
+
+* ``docker compose config --quiet`` (or ``docker-compose config --quiet``) validates the file
+  against the Compose schema; no Docker engine is needed.  Without a Compose CLI that one test
+  is skipped, saying so; Debian ships ``docker-compose`` (apt-get install docker-compose).
+* The YAML checks interpolate ``${VAR:-default}`` with an empty environment (the defaults, as a
+  fresh checkout runs) and check what the DAGs need: the services, Airflow 3 settings that the
+  installed Airflow knows, the warehouse on S3, the Spark master in the connection and the
+  config, the broker and bucket the config names, and depends_on/healthcheck consistency.
+* docker/sources.yaml is loaded with the Airflow services' environment, and the DAGs are parsed
+  with it by a real DagBag (in a subprocess, like tests/test_dags.py).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from airflow_env import DAGS_FOLDER, PYTHON, REPO, airflow_env, run_python
+
+COMPOSE_FILE = REPO / "docker-compose.yaml"
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+SOURCES = REPO / "docker" / "sources.yaml"
+
+AIRFLOW = ["airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
+SPARK = ["spark-master", "spark-worker-1", "spark-worker-2"]
+RECLOCK_IMAGE_SERVICES = AIRFLOW + SPARK
+SERVICES = RECLOCK_IMAGE_SERVICES + ["postgres", "kafka", "kafka-init", "minio", "minio-init"]
+# Paths inside the image (docker/Dockerfile: WORKDIR /opt/reclock, the repository copied there).
+IMAGE_REPO = "/opt/reclock"
+
+
+# --- Compose CLI ---------------------------------------------------------------------------------
+
+
+def compose_cli() -> list[str] | None:
+    """``docker compose`` (the v2 plugin) if it answers, else ``docker-compose``, else None."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def test_compose_config_validates(tmp_path):
+    cli = compose_cli()
+    if cli is None:
+        pytest.skip("no Compose CLI: neither `docker compose` nor `docker-compose` is installed "
+                    "(Debian: apt-get install docker-compose); the YAML-level checks still ran")
+    # Compose reads .env and the shell: validate with the file's own defaults, as a fresh checkout would.
+    # (`docker compose config` also checks that every bind-mounted file and build context exists.)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "RECLOCK_", "AIRFLOW"))}
+    (tmp_path / "empty.env").write_text("")
+    base = [*cli, "-f", str(COMPOSE_FILE), "--project-directory", str(REPO), "--env-file", str(tmp_path / "empty.env")]
+    proc = subprocess.run([*base, "config", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cli)} config failed:\n{proc.stdout}\n{proc.stderr}"
+    # The resolved model agrees with the YAML-level reading below.
+    proc = subprocess.run([*base, "config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)["services"]
+    assert sorted(resolved) == sorted(SERVICES)
+    scheduler = resolved["airflow-scheduler"]["environment"]
+    ours = services()["airflow-scheduler"]["environment"]
+    for key in ("RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "AIRFLOW_CONN_RECLOCK_SPARK",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL"):
+        assert str(scheduler[key]) == ours[key], key
+
+
+# --- YAML-level model ----------------------------------------------------------------------------
+
+_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's interpolation: ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(5)
+        op, arg = m.group(3), m.group(4)
+        current = env.get(name)
+        if op == ":-":
+            return current if current else arg
+        if op == "-":
+            return arg if current is None else current
+        if op in (":?", "?"):
+            if not current:
+                raise AssertionError(f"required variable {name} is unset: {arg}")
+            return current
+        return current or ""
+
+    return _VAR.sub(sub, value)
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
+
+
+def services(env: dict[str, str] | None = None) -> dict[str, dict]:
+    """The services with variables interpolated (default: as with no variables set) and env as strings."""
+    doc = interpolate(yaml.safe_load(COMPOSE_FILE.read_text()), env or {})
+    out = {}
+    for name, service in doc["services"].items():
+        service = dict(service)
+        service["environment"] = environment(service)
+        out[name] = service
+    return out
+
+
+def depends_on(service: dict) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {d: "service_started" for d in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def command(service: dict) -> list[str]:
+    cmd = service.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+@pytest.fixture(scope="module")
+def svc() -> dict[str, dict]:
+    return services()
+
+
+@pytest.fixture(scope="module")
+def airflow_vars(svc) -> dict[str, str]:
+    return svc["airflow-scheduler"]["environment"]
+
+
+def test_services_exist(svc):
+    assert sorted(svc) == sorted(SERVICES)
+
+
+def test_reclock_services_share_the_one_image(svc):
+    images = {svc[name]["image"] for name in RECLOCK_IMAGE_SERVICES}
+    assert len(images) == 1, images
+    for name in RECLOCK_IMAGE_SERVICES:
+        build = svc[name]["build"]
+        assert (REPO / build["context"]).resolve() == REPO
+        assert (REPO / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+    assert svc["postgres"]["image"].startswith("postgres:15")
+    assert svc["minio"]["image"].startswith("minio/minio")
+    assert svc["minio-init"]["image"].startswith("minio/mc")
+    assert svc["kafka"]["image"] == svc["kafka-init"]["image"]
+
+
+def test_airflow_settings_are_known_to_the_installed_airflow(svc):
+    """Every AIRFLOW__SECTION__KEY is an option of this Airflow's config.yml (a typo is silently ignored)."""
+    spec = importlib.util.find_spec("airflow")
+    assert spec and spec.submodule_search_locations
+    template = Path(list(spec.submodule_search_locations)[0]) / "config_templates" / "config.yml"
+    known = {(section, key) for section, body in yaml.safe_load(template.read_text()).items()
+             for key in (body.get("options") or {})}
+    for name in AIRFLOW:
+        for var in svc[name]["environment"]:
+            if var.startswith("AIRFLOW__"):
+                section, key = var[len("AIRFLOW__"):].lower().split("__", 1)
+                assert (section, key) in known, f"{name}: {var} is not an Airflow {spec.name} option"
+
+
+def test_airflow_3_essentials(svc, airflow_vars):
+    for name in AIRFLOW:
+        env = dict(svc[name]["environment"])
+        if name == "airflow-init":  # the UI password goes to the job that writes it, nowhere else
+            assert env.pop("AIRFLOW_ADMIN_PASSWORD") == "admin"
+        assert env == airflow_vars, f"{name} has a different Airflow environment"
+    assert "AIRFLOW_ADMIN_PASSWORD" not in airflow_vars
+    assert airflow_vars["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert airflow_vars["AIRFLOW__CORE__AUTH_MANAGER"].endswith("simple_auth_manager.SimpleAuthManager")
+    assert airflow_vars["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert airflow_vars["AIRFLOW__CORE__DAGS_FOLDER"] == f"{IMAGE_REPO}/dags"
+    assert airflow_vars["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    # The commands of Airflow 3's components.
+    assert command(svc["airflow-apiserver"]) == ["airflow", "api-server"]
+    assert command(svc["airflow-scheduler"]) == ["airflow", "scheduler"]
+    assert command(svc["airflow-dag-processor"]) == ["airflow", "dag-processor"]
+    assert command(svc["airflow-triggerer"]) == ["airflow", "triggerer"]
+    init = command(svc["airflow-init"])
+    assert init[0].startswith(IMAGE_REPO)
+    script = REPO / init[0][len(IMAGE_REPO) + 1:]
+    assert "airflow db migrate" in script.read_text()
+    assert os.access(script, os.X_OK)
+    # Task processes reach the execution API on the api-server service's container port.
+    url = urlsplit(airflow_vars["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert (url.scheme, url.hostname, url.port, url.path) == ("http", "airflow-apiserver", 8080, "/execution/")
+    assert any(str(p).endswith(":8080") for p in svc["airflow-apiserver"]["ports"])
+    # One JWT secret for the scheduler (issues task tokens) and the api-server (checks them).
+    assert len(airflow_vars["AIRFLOW__API_AUTH__JWT_SECRET"]) >= 64
+
+
+def test_metadata_db_is_the_airflow_database_on_postgres(svc, airflow_vars):
+    from sqlalchemy.engine import make_url
+
+    for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"):
+        url = make_url(airflow_vars[key])
+        assert (url.host, url.port, url.database) == ("postgres", 5432, "airflow"), key
+        assert url.password == svc["postgres"]["environment"]["AIRFLOW_DB_PASSWORD"]
+        # The driver is installed (requirements.txt pins psycopg 3; there is no psycopg2 or asyncpg).
+        dialect = url.get_dialect()
+        assert importlib.util.find_spec(dialect.driver) is not None, f"{key}: driver {dialect.driver} missing"
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(airflow_vars["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"])  # no connection yet
+    assert engine.dialect.is_async
+    init = (REPO / "docker" / "postgres-init.sh").read_text()
+    assert "CREATE DATABASE airflow OWNER airflow" in init and "CREATE DATABASE source OWNER reclock" in init
+    assert "REPLICATION" in init and "ALTER TABLE public.orders OWNER TO reclock" in init
+
+
+def test_postgres_is_logical_and_initialised_by_the_script(svc):
+    pg = svc["postgres"]
+    assert "wal_level=logical" in command(pg)
+    mounts = [str(v) for v in pg["volumes"]]
+    assert any(m.startswith("./docker/postgres-init.sh:/docker-entrypoint-initdb.d/") for m in mounts)
+    assert os.access(REPO / "docker" / "postgres-init.sh", os.X_OK)
+
+
+def test_warehouse_on_s3_and_its_bucket_is_created(svc, airflow_vars):
+    warehouse = urlsplit(airflow_vars["RECLOCK_WAREHOUSE"])
+    assert warehouse.scheme == "s3" and (warehouse.netloc, warehouse.path) == ("reclock", "/warehouse")
+    assert svc["minio-init"]["environment"]["S3_BUCKET"] == warehouse.netloc
+    assert "mc mb" in " ".join(map(str, svc["minio-init"]["entrypoint"]))
+    # The S3 credentials the reclock containers use are MinIO's root user.
+    minio = svc["minio"]["environment"]
+    assert (airflow_vars["AWS_ACCESS_KEY_ID"], airflow_vars["AWS_SECRET_ACCESS_KEY"]) == (
+        minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
+    assert urlsplit(airflow_vars["S3_ENDPOINT_URL"]).hostname == "minio"
+
+
+def test_spark_master_url_in_connection_and_config(svc, airflow_vars):
+    conn = json.loads(airflow_vars["AIRFLOW_CONN_RECLOCK_SPARK"])
+    assert conn == {"conn_type": "spark", "host": "spark://spark-master:7077"}
+    assert airflow_vars["RECLOCK_SPARK_MASTER"] == conn["host"]
+    master = svc["spark-master"]
+    assert master["hostname"] == "spark-master"
+    cmd = command(master)
+    assert cmd[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    assert cmd[cmd.index("--port") + 1] == "7077"
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        cmd = command(svc[worker])
+        assert cmd[:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker", conn["host"]]
+        assert depends_on(svc[worker]) == {"spark-master": "service_healthy"}
+        assert svc[worker]["environment"]["RECLOCK_WAREHOUSE"] == airflow_vars["RECLOCK_WAREHOUSE"]
+    # Client deploy mode: executors connect back to the driver in the scheduler container.
+    assert svc["airflow-scheduler"]["hostname"] == airflow_vars["SPARK_DRIVER_HOST"]
+
+
+def test_kafka_topics_and_listeners(svc, airflow_vars):
+    host, _, port = airflow_vars["KAFKA_BOOTSTRAP_SERVERS"].partition(":")
+    assert host == "kafka" and f"PLAINTEXT://{host}:{port}" in svc["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    topics = set(svc["kafka-init"]["environment"]["KAFKA_TOPICS"].split())
+    kafka = [s for s in yaml.safe_load(SOURCES.read_text())["sources"] if s["kind"] == "kafka"]
+    assert kafka and {s["options"]["topic"] for s in kafka} <= topics
+
+
+def test_depends_on_and_healthchecks_are_consistent(svc):
+    for name, service in svc.items():
+        for dep, condition in depends_on(service).items():
+            assert dep in svc, f"{name} depends on unknown {dep}"
+            if condition == "service_healthy":
+                assert "healthcheck" in svc[dep], f"{name} waits for {dep} to be healthy; it has no healthcheck"
+            elif condition == "service_completed_successfully":
+                assert svc[dep].get("restart") == "no", f"{dep} is a one-shot job: restart must be 'no'"
+            else:
+                assert condition == "service_started", condition
+    long_running = [n for n, s in svc.items() if s.get("restart") != "no"]
+    for name in long_running:
+        assert "healthcheck" in svc[name], f"{name} has no healthcheck"
+    for name in AIRFLOW:
+        if name != "airflow-init":
+            assert depends_on(svc[name])["airflow-init"] == "service_completed_successfully"
+    assert depends_on(svc["airflow-init"])["postgres"] == "service_healthy"
+    scheduler = depends_on(svc["airflow-scheduler"])
+    assert {"kafka-init", "minio-init", "airflow-apiserver"} <= set(scheduler)
+    # The local Spark cluster is optional (an existing cluster can replace it): nothing Airflow waits for.
+    for name in AIRFLOW:
+        assert not set(depends_on(svc[name])) & set(SPARK), name
+
+
+def test_bind_mounts_and_dockerfile_copies_exist(svc):
+    for name, service in svc.items():
+        for volume in service.get("volumes") or []:
+            source = str(volume).split(":", 1)[0]
+            if source.startswith("."):
+                assert (REPO / source).exists(), f"{name}: bind mount source {source} is missing"
+    text = DOCKERFILE.read_text()
+    for line in re.findall(r"^COPY\s+(.+)$", text, re.M):
+        *sources, _ = line.split()
+        for source in sources:
+            assert (REPO / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
+
+
+def test_dockerfile_matches_the_pins():
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert "openjdk-17-jre-headless" in text and "pip install -r requirements.txt" in text
+    assert "pip install --no-deps -e ." in text
+    # hadoop-aws must be the Hadoop version of the client jars inside the installed pyspark wheel.
+    spec = importlib.util.find_spec("pyspark")
+    jars = Path(list(spec.submodule_search_locations)[0]) / "jars"
+    [client] = [p.name for p in jars.glob("hadoop-client-api-*.jar")]
+    hadoop = client[len("hadoop-client-api-"):-len(".jar")]
+    assert f"ARG HADOOP_AWS_VERSION={hadoop}\n" in text, f"pyspark ships Hadoop {hadoop}"
+    assert re.search(r"^ARG S3A_JARS=maven$", text, re.M)
+    assert "pyspark==" in (REPO / "requirements.txt").read_text()
+
+
+# --- the reclock config and the DAGs under the compose environment ---------------------------------
+
+
+def config_env(airflow_vars: dict[str, str]) -> dict[str, str]:
+    """The Airflow services' environment, with the image's paths mapped to this checkout."""
+    env = dict(airflow_vars)
+    env["RECLOCK_CONFIG"] = str(SOURCES)
+    return env
+
+
+def test_sources_yaml_under_the_compose_environment(monkeypatch, airflow_vars):
+    from sqlalchemy.engine import make_url
+
+    from reclock.config import load_config
+
+    assert airflow_vars["RECLOCK_CONFIG"] == f"{IMAGE_REPO}/docker/sources.yaml"
+    for key in list(os.environ):
+        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
+            monkeypatch.delenv(key)
+    for key, value in config_env(airflow_vars).items():
+        monkeypatch.setenv(key, value)
+    config = load_config()
+    assert config.path == SOURCES
+    assert config.warehouse == "s3://reclock/warehouse"
+    assert config.spark_master == "spark://spark-master:7077"
+    assert config.storage_options == {
+        "AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ACCESS_KEY_ID": "reclock",
+        "AWS_SECRET_ACCESS_KEY": "reclock-secret", "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}
+    conf = config.spark_conf
+    assert conf["spark.driver.host"] == "airflow-scheduler"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert (conf["spark.hadoop.fs.s3a.access.key"], conf["spark.hadoop.fs.s3a.secret.key"]) == ("reclock", "reclock-secret")
+    assert sorted(config.sources) == ["clicks", "orders", "pg_orders"]
+    assert {s.options["bootstrap_servers"] for s in config.sources.values() if s.kind == "kafka"} == {"kafka:9092"}
+    pg = config.source("pg_orders")
+    assert pg.kind == "postgres" and pg.options["tables"] == ["public.orders"]
+    dsn = make_url(pg.options["dsn"])
+    assert (dsn.username, dsn.password, dsn.host, dsn.port, dsn.database) == (
+        "reclock", "reclock", "postgres", 5432, "source")
+    # And the same file with no environment at all (its own defaults) says the same.
+    for key in config_env(airflow_vars):
+        if key != "RECLOCK_CONFIG":
+            monkeypatch.delenv(key)
+    again = load_config()
+    assert (again.warehouse, again.spark_master, again.storage_options, again.spark_conf) == (
+        config.warehouse, config.spark_master, config.storage_options, config.spark_conf)
+
+
+def test_every_variable_of_sources_yaml_reaches_the_containers(svc, airflow_vars):
+    """A ${VAR} in docker/sources.yaml set in .env only matters if the compose file passes it on."""
+    used = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", "\n".join(
+        line for line in SOURCES.read_text().splitlines() if not line.lstrip().startswith("#"))))
+    assert used and not used - set(airflow_vars), f"not in the Airflow environment: {sorted(used - set(airflow_vars))}"
+    for name in SPARK:
+        assert svc[name]["environment"]["RECLOCK_SPARK_MASTER"] == airflow_vars["RECLOCK_SPARK_MASTER"]
+
+
+DESCRIBE = """
+from airflow.models import DagBag
+bag = DagBag(dag_folder=DAGS)
+dags = {}
+for dag_id, dag in bag.dags.items():
+    spark = dag.get_task("reclock")
+    dags[dag_id] = {"conf": spark.conf, "args": spark.application_args, "application": spark.application,
+                    "master": spark._get_hook()._connection["master"]}
+emit({"dags": dags, "errors": bag.import_errors})
+"""
+
+
+def test_dags_parse_with_the_compose_environment(tmp_path, airflow_vars):
+    env = airflow_env(tmp_path / "airflow", config=SOURCES)
+    for key in list(env):
+        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
+            del env[key]
+    keep_local = {"AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+                  "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"}
+    env.update({k: v for k, v in config_env(airflow_vars).items() if k not in keep_local})
+    result = run_python(f"DAGS = {str(DAGS_FOLDER)!r}\n" + DESCRIBE, env, timeout=300)
+    assert result["errors"] == {}, result["errors"]
+    assert sorted(result["dags"]) == ["reclock_clicks", "reclock_orders", "reclock_pg_orders"]
+    for name in ("orders", "clicks", "pg_orders"):
+        spark = result["dags"][f"reclock_{name}"]
+        assert spark["master"] == "spark://spark-master:7077"  # the compose connection, not local[2]
+        assert spark["args"] == ["--config", str(SOURCES), "--source", name]
+        assert spark["conf"]["spark.pyspark.python"] == PYTHON  # spark:// runs this interpreter on workers
+        assert spark["conf"]["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+        assert spark["conf"]["spark.driver.host"] == "airflow-scheduler"
