@@ -8,7 +8,7 @@ pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || tr
 if [ -z "$pg_bin" ]; then
   missing+=(postgresql)
 fi
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)  # validates docker-compose.yaml
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
