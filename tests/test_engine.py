@@ -206,3 +206,4 @@ def test_compactions_compose(case, s1, s2):
         return
     s1, s2 = sorted((min(s1, remap.upper - 1), min(s2, remap.upper - 1)))
     assert remap.compact(s1).compact(s2) == remap.compact(s2)
+

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import pytest
+from hypothesis import given, strategies as st
 
 from reclock.broker import create_topic, produce, produce_transaction
 from reclock.engine import Range
 from reclock.sources.base import SourceError
-from reclock.spark_source import read_ranges
+from reclock.spark_source import read_ranges, segments
+from test_engine import remaps
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +53,7 @@ def test_read_ranges_two_partitions(spark, kafka_spec):
         (1, 2, 3000, "b2", "y2", 1),
     ]
     assert all(r.timestamp_ms > 0 for r in df.select("timestamp_ms").collect())
-    assert df.rdd.getNumPartitions() == 4  # one per non-empty range
+    assert df.rdd.getNumPartitions() == 2  # contiguous ranges of a partition are read by one task
 
 
 def test_read_ranges_empty_and_errors(spark, kafka_spec):
@@ -63,3 +66,17 @@ def test_read_ranges_empty_and_errors(spark, kafka_spec):
     # A range beyond the upper fails the job with the source's message.
     with pytest.raises(Exception, match="beyond the partition's upper"):
         read_ranges(spark, kafka_spec, [(5, 1, 0, 50)]).collect()
+
+
+@given(remaps(), st.integers(1, 7))
+def test_spark_segments_read_each_offset_once_with_its_into_time(remap, max_offsets):
+    segs = segments(remap.ranges(), max_offsets)
+    seen = Counter()
+    for seg in segs:
+        assert 0 < seg.end - seg.start <= max_offsets
+        for o in range(seg.start, seg.end):
+            seen[(seg.partition, o)] += 1
+            assert seg.into_time(o) == remap.into_time_of(seg.partition, o)
+    assert seen == Counter({(p, o): 1 for p, u in remap.frontier for o in range(u)})
+    per_partition = Counter(seg.partition for seg in segs)
+    assert all(n == -(-remap.frontier[p] // max_offsets) for p, n in per_partition.items())

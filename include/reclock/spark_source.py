@@ -5,8 +5,11 @@ Options (strings, as every Spark option):
 * ``spec``: JSON of the source spec, ``{"kind": "kafka", ...kwargs}`` (see :func:`reclock.sources.build_source`);
 * ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that).
 
-One Spark input partition per range; each task builds its own source from the spec, reads
-``start <= offset < end`` of its partition and yields Arrow batches with the columns
+Contiguous ranges of one partition are coalesced into read tasks of at most
+``MAX_TASK_OFFSETS`` offsets (:func:`segments`), so replaying many bindings costs one read
+per partition chunk, not one Spark task per binding.  Each task builds its own source from
+the spec, reads ``start <= offset < end`` once, stamps each record with the IntoTime of the
+range it falls in, and yields Arrow batches with the columns
 ``<source data columns>..., partition, offset, into_time, diff``.
 
 Spark's Python workers must be able to import ``reclock`` (and the source's client library):
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
+from bisect import bisect_right
+from dataclasses import dataclass
 import os
 import re
 import sys
@@ -32,6 +37,7 @@ from .sources.base import SourceError
 NAME = "reclock"
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
 BATCH_ROWS = 8192
+MAX_TASK_OFFSETS = 500_000
 _WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*)")
 
 
@@ -92,16 +98,49 @@ def _parse_ranges(options: Mapping[str, str]) -> list[tuple[int, Any, int, int]]
     return normalize_ranges(ranges)
 
 
-class RangePartition(InputPartition):
-    def __init__(self, index: int, into_time: int, partition: Any, start: int, end: int) -> None:
+@dataclass(frozen=True)
+class Segment:
+    """Offsets ``[start, end)`` of ``partition`` read by one task; ``bounds`` are ascending
+    ``(range end, into_time)`` pairs: an offset gets the IntoTime of the first range end above it."""
+
+    partition: Any
+    start: int
+    end: int
+    bounds: tuple[tuple[int, int], ...]
+
+    @functools.cached_property
+    def _ends(self) -> list[int]:
+        return [e for e, _ in self.bounds]
+
+    def into_time(self, offset: int) -> int:
+        return self.bounds[bisect_right(self._ends, offset)][1]
+
+
+def segments(ranges: Iterable[Sequence[Any]], max_offsets: int = MAX_TASK_OFFSETS) -> list[Segment]:
+    """Coalesce contiguous ranges per partition, then cut them into tasks of at most ``max_offsets``."""
+    runs: list[list[tuple[int, Any, int, int]]] = []
+    for r in sorted((r for r in normalize_ranges(ranges) if r[2] < r[3]), key=lambda r: (str(r[1]), r[2])):
+        if runs and runs[-1][-1][1] == r[1] and runs[-1][-1][3] == r[2]:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    out = []
+    for run in runs:
+        partition, start, end = run[0][1], run[0][2], run[-1][3]
+        for lo in range(start, end, max_offsets):
+            hi = min(lo + max_offsets, end)
+            bounds = tuple((min(e, hi), t) for t, _, s, e in run if s < hi and e > lo)
+            out.append(Segment(partition, lo, hi, bounds))
+    return out
+
+
+class SegmentPartition(InputPartition):
+    def __init__(self, index: int, segment: Segment) -> None:
         super().__init__(index)
-        self.into_time = into_time
-        self.partition = partition
-        self.start = start
-        self.end = end
+        self.segment = segment
 
     def __repr__(self) -> str:
-        return f"RangePartition(into_time={self.into_time}, partition={self.partition!r}, [{self.start}, {self.end}))"
+        return f"SegmentPartition({self.segment})"
 
 
 class ReclockDataSource(DataSource):
@@ -127,24 +166,22 @@ class ReclockReader(DataSourceReader):
         self.spec = spec
         self.ranges = ranges
 
-    def partitions(self) -> list[RangePartition]:
-        parts = [RangePartition(i, *r) for i, r in enumerate(self.ranges) if r[2] < r[3]]
-        return parts or [RangePartition(0, 0, None, 0, 0)]  # Spark wants at least one partition
+    def partitions(self) -> list[SegmentPartition]:
+        parts = [SegmentPartition(i, seg) for i, seg in enumerate(segments(self.ranges))]
+        return parts or [SegmentPartition(0, Segment(None, 0, 0, ()))]  # Spark wants at least one partition
 
-    def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
-        if partition.start >= partition.end:
+    def read(self, partition: SegmentPartition) -> Iterator[pa.RecordBatch]:
+        if partition.segment.start >= partition.segment.end:
             return
         source = build_source(self.spec)
         try:
-            yield from read_range_batches(source, partition.into_time, partition.partition,
-                                          partition.start, partition.end)
+            yield from read_segment_batches(source, partition.segment)
         finally:
             source.close()
 
 
-def read_range_batches(source, into_time: int, partition: Any, start: int, end: int,
-                       batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one range, columns as :func:`output_arrow_schema` (usable without Spark)."""
+def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of one segment, columns as :func:`output_arrow_schema` (usable without Spark)."""
     schema = output_arrow_schema(source)
     names = [f.name for f in source.data_schema]
     columns: dict[str, list] = {n: [] for n in schema.names}
@@ -155,12 +192,12 @@ def read_range_batches(source, into_time: int, partition: Any, start: int, end: 
             values.clear()
         return batch
 
-    for data, offset, diff in source.read(partition, start, end):
+    for data, offset, diff in source.read(segment.partition, segment.start, segment.end):
         for n in names:
             columns[n].append(data.get(n))
-        columns["partition"].append(partition)
+        columns["partition"].append(segment.partition)
         columns["offset"].append(offset)
-        columns["into_time"].append(into_time)
+        columns["into_time"].append(segment.into_time(offset))
         columns["diff"].append(diff)
         if len(columns["offset"]) >= batch_rows:
             yield flush()
