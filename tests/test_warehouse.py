@@ -259,3 +259,12 @@ def test_staged_but_unpublished_files_leave_the_table_unchanged(spark, tables):
     assert rows_of(tables.read_reclocked_arrow()) == rows_of(pa.Table.from_pylist(rows))  # no duplicates
     # the unpublished attempt's files are deleted (delta-rs leaves the empty local directory)
     assert not [name for _, _, names in os.walk(crashed) for name in names]
+
+
+def test_many_ticks_keep_the_remap_table_small(tables):
+    from reclock.warehouse import REMAP_MAX_FILES
+
+    remaps = ticks(Remap(), *[(t, {0: t, 1: 2 * t}) for t in range(1, 3 * REMAP_MAX_FILES)])
+    stored = store(tables, remaps)
+    assert len(tables.table("remap").file_uris()) <= REMAP_MAX_FILES + 1
+    assert tables.read_remap() == stored

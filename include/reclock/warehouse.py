@@ -47,6 +47,9 @@ class WarehouseError(RuntimeError):
     """Stored state or staged files that reclock cannot accept; nothing was committed."""
 
 
+REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
+
+
 def remap_schema(partition_type: pa.DataType) -> pa.Schema:
     return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", pa.int64())])
 
@@ -147,6 +150,9 @@ class SourceTables:
         rows = [r for r in remap_after.increments() if r.into_time >= remap_before.upper]
         table = pa.Table.from_pylist([r._asdict() for r in rows], schema=self.schemas["remap"])
         self._append("remap", table, REMAP_APP, version)
+        remap_table = self.table("remap")
+        if len(remap_table.file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
+            remap_table.optimize.compact()
         return True
 
     # --- reclocked ----------------------------------------------------------------------
