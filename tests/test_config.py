@@ -68,6 +68,16 @@ def test_demo_config_is_valid():
     assert {"orders", "clicks"} <= set(config.sources)
 
 
+def test_demo_config_commented_examples_are_valid(tmp_path):
+    """The commented-out postgres and files entries of the demo config parse once uncommented."""
+    lines = DEFAULT_PATH.read_text().splitlines()
+    entries = [line[:2] + line[4:] for line in lines if line.startswith(("  # - ", "  #   "))]
+    doc = "\n".join([line for line in lines if not line.lstrip().startswith("#")] + entries)
+    sources = load_config(write(tmp_path, doc)).sources
+    assert {name: s.kind for name, s in sources.items() if s.kind != "kafka"} == {"inventory": "postgres",
+                                                                                 "logs": "files"}
+
+
 def test_env_overrides_and_expansion(tmp_path, monkeypatch):
     path = write(tmp_path, GOOD)
     monkeypatch.setenv("RECLOCK_CONFIG", str(path))

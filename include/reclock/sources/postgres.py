@@ -76,7 +76,7 @@ class PostgresSource:
         pa.field("commit_time", pa.timestamp("us", tz="UTC")),
     ])
     #: A change's contents (AS OF views): the row of the table; the other columns describe the change.
-    _content_columns = ("table", "row")
+    content_columns = ("table", "row")
 
     def __init__(self, dsn: str, slot: str, publication: str | None = None, tables: Sequence[str] = (),
                  create_slot: bool = True, busy_timeout_s: float = 10.0) -> None:

@@ -1,0 +1,285 @@
+"""The Postgres and files sources through the whole pipeline, and a malformed Kafka record.
+
+Real Postgres (private cluster), real Spark, real Delta tables and Great Expectations checks;
+every tick at an explicit IntoTime so the expected contents at each time are known exactly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter, defaultdict
+
+import pytest
+import yaml
+
+from pg_cluster import pg_cluster  # noqa: F401  (session fixture)
+from reclock import pipeline
+from reclock.broker import create_topic, produce
+from reclock.query import readable, register_as_of
+from reclock.sources.base import SourceError
+from reclock.warehouse import WarehouseError
+
+pytestmark = pytest.mark.slow
+
+
+def write_config(tmp_path, *sources):
+    """A sources file with the given ``(name, kind, options)`` sources, warehouse under tmp_path."""
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({
+        "warehouse": str(tmp_path / "warehouse"),
+        "spark": {"master": "local[2]"},
+        "sources": [{"name": name, "kind": kind, "retention_ms": 2_500, "options": options}
+                    for name, kind, options in sources],
+    }))
+    return str(path)
+
+
+def reclocked(name, config):
+    with pipeline.open_source(name, config, connect=False) as ctx:
+        return ctx.tables.read_reclocked_arrow().to_pylist()
+
+
+def view(spark, config, name, t):
+    """The AS OF ``t`` view of ``name`` as a multiset of rows (dicts without None-free noise)."""
+    register_as_of(spark, t, [name], config)
+    return [r.asDict() for r in spark.table(name).collect()]
+
+
+def assert_resumed(name, config):
+    """resume committed upstream exactly the remap frontier at the last published IntoTime."""
+    with pipeline.open_source(name, config) as ctx:
+        remap, upper = ctx.tables.read_remap(), ctx.tables.reclocked_upper()
+        assert ctx.source.committed() == remap.at(upper - 1)
+        return ctx.source.committed()
+
+
+# --- Postgres -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg(pg_cluster, tmp_path):
+    """A fresh database with table ``items`` and a config with the source ``pg`` reading it."""
+    psycopg = pytest.importorskip("psycopg")
+    db = f"p_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {db}")
+    dsn = pg_cluster.dsn(db)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE items (id int PRIMARY KEY, name text, qty numeric)")
+    config = write_config(tmp_path, ("pg", "postgres", {"dsn": dsn, "slot": "reclock_pg", "tables": ["items"]}))
+    yield dsn, config
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
+        for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (db,)).fetchall():
+            c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        c.execute(f"DROP DATABASE {db} WITH (FORCE)")
+
+
+def txn(dsn, *statements):
+    """Run ``statements`` as one transaction; its xid."""
+    import psycopg
+
+    with psycopg.connect(dsn) as c:
+        for s in statements:
+            c.execute(s)
+        return c.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+
+
+def pg_contents(dsn):
+    """The rows of ``items`` now, as the AS OF view spells them."""
+    import psycopg
+
+    with psycopg.connect(dsn) as c:
+        rows = c.execute("SELECT id, name, qty::text FROM items").fetchall()
+    return Counter(("public.items", row) for row in rows)
+
+
+def pg_view(spark, config, t):
+    rows = view(spark, config, "pg", t)
+    assert all(set(r) == {"table", "row", "partition"} for r in rows), rows[:1]  # contents, no change metadata
+    return Counter((r["table"], tuple(json.loads(r["row"]).values())) for r in rows)
+
+
+def confirmed_lsn(dsn):
+    import psycopg
+
+    from reclock.sources.postgres import lsn_to_int
+
+    with psycopg.connect(dsn) as c:
+        (lsn,) = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                           "WHERE slot_name = 'reclock_pg'").fetchone()
+    return lsn_to_int(lsn)
+
+
+def test_postgres_end_to_end(spark, pg):
+    import psycopg
+
+    dsn, config = pg
+    snapshots, xids = {}, []
+
+    def tick(t):
+        pipeline.run_once("pg", config, spark, now=t)
+        snapshots[t] = pg_contents(dsn)
+        assert pg_view(spark, config, t) == snapshots[t]
+        committed = assert_resumed("pg", config)
+        assert committed[""] == confirmed_lsn(dsn)  # the slot itself advanced
+
+    pipeline.tick("pg", config, now=500)  # creates the slot: changes from here on are the source's
+    xids.append(txn(dsn, "INSERT INTO items VALUES (1, 'a', 1.50), (2, 'b', 2), (3, 'c', 3)"))
+    xids.append(txn(dsn, "INSERT INTO items VALUES (4, 'd', 4)"))
+    tick(1_000)
+    xids.append(txn(dsn, "UPDATE items SET qty = qty + 1 WHERE id IN (1, 2)", "DELETE FROM items WHERE id = 3",
+                    "INSERT INTO items VALUES (5, 'e', 5)"))
+    xids.append(txn(dsn, "UPDATE items SET name = 'a2' WHERE id = 1"))
+    tick(2_000)
+    tick(3_000)  # idle: same contents
+
+    # one transaction = one offset = one IntoTime; commit order is offset order is IntoTime order
+    rows = [r for r in reclocked("pg", config) if r["into_time"] > 500]
+    by_xid = defaultdict(list)
+    for r in rows:
+        by_xid[r["xid"]].append(r)
+    assert set(by_xid) == set(xids)
+    assert all(len({(r["offset"], r["into_time"]) for r in rs}) == 1 for rs in by_xid.values())
+    first = {x: (rs[0]["offset"], rs[0]["into_time"]) for x, rs in by_xid.items()}
+    assert sorted(xids, key=lambda x: first[x][0]) == xids
+    assert [first[x][1] for x in xids] == [1_000, 1_000, 2_000, 2_000]
+    t3 = sorted(by_xid[xids[2]], key=lambda r: (r["seq"], r["diff"]))
+    assert [(r["seq"], r["op"], r["diff"]) for r in t3] == [
+        (0, "update", -1), (0, "update", 1), (1, "update", -1), (1, "update", 1), (2, "delete", -1), (3, "insert", 1)]
+    assert all(r["commit_time"].tzinfo is not None and r["partition"] == "" for r in rows)
+
+    # the old row comes back with the same values (multiplicity 1 again); an open transaction is not bound
+    xids.append(txn(dsn, "DELETE FROM items WHERE id IN (1, 4)", "INSERT INTO items VALUES (3, 'c', 3)"))
+    open_txn = psycopg.connect(dsn)
+    open_txn.execute("INSERT INTO items VALUES (9, 'open', 9)")
+    tick(4_000)  # also compacts to since = 1_500 (retention 2.5 s)
+    open_txn.commit()
+    open_txn.close()
+    tick(5_000)  # since = 2_500: the history of 1_000 and 2_000 is folded
+    assert readable("pg", config).since == 2_500
+    folded = [r for r in reclocked("pg", config) if r["into_time"] == 2_500]  # compaction grouped them
+    assert len(folded) == 12 and {r["op"] for r in folded} == {"insert", "update", "delete"}
+    for t in (3_000, 4_000, 5_000):
+        assert pg_view(spark, config, t) == snapshots[t]
+
+    # restart: a new process ticks (a new PostgresSource); a transaction commits before resume
+    code = f"from reclock import pipeline; print(pipeline.tick('pg', {config!r}, now=6_000))"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    snapshots[6_000] = pg_contents(dsn)
+    txn(dsn, "INSERT INTO items VALUES (6, 'after the tick', 6)")
+    for step in (pipeline.stage, pipeline.check, pipeline.publish, pipeline.resume):
+        step("pg", config, spark) if step is pipeline.stage else step("pg", config)
+    assert pg_view(spark, config, 6_000) == snapshots[6_000]
+    assert_resumed("pg", config)  # released up to the 6_000 binding only: the late insert is kept
+    tick(7_000)
+    assert ("public.items", (6, "after the tick", "6")) in snapshots[7_000]
+
+    # the slot is dropped after a tick: staging fails loudly, nothing more is published
+    txn(dsn, "INSERT INTO items VALUES (7, 'lost', 7)")
+    pipeline.tick("pg", config, now=8_000)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_drop_replication_slot('reclock_pg')")
+    with pytest.raises(SourceError, match="already released"):
+        pipeline.stage("pg", config, spark)
+    assert readable("pg", config).upper == 7_001
+    # the next tick refuses to bind past what the new slot can no longer deliver; nothing written
+    with pytest.raises(SourceError, match="already released .* beyond the frontier bound so far"):
+        pipeline.run_once("pg", config, spark, now=9_000)
+    with pipeline.open_source("pg", config, connect=False) as ctx:
+        assert ctx.tables.remap_upper() == 8_001
+    # published history stays queryable, without touching Postgres (no slot created by queries)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_drop_replication_slot('reclock_pg')")
+    for t in (5_000, 7_000):
+        assert pg_view(spark, config, t) == snapshots[t]
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+                         ).fetchone()[0] == 0
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def test_files_end_to_end(spark, tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    config = write_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "*.log"}))
+
+    def append(key, text):
+        with open(root / key, "ab") as f:
+            f.write(text.encode())
+
+    def lines():
+        """Every complete line now, as ``(line, key, byte offset)``."""
+        out = Counter()
+        for path in sorted(root.glob("*.log")):
+            data, at = path.read_bytes(), 0
+            while (end := data.find(b"\n", at)) >= 0:
+                out[(data[at:end].decode(), path.name, at)] += 1
+                at = end + 1
+        return out
+
+    def files_view(t):
+        rows = view(spark, config, "logs", t)
+        return Counter((r["line"], r["partition"], r["offset"]) for r in rows)
+
+    snapshots = {}
+
+    def tick(t):
+        pipeline.run_once("logs", config, spark, now=t)
+        snapshots[t] = lines()
+        assert files_view(t) == snapshots[t]
+        assert_resumed("logs", config)
+
+    append("a.log", '{"n": 1}\n{"n": 2}\n')
+    append("b.log", "b1\nb2 partial, no newl")
+    tick(1_000)
+    assert ("b2 partial, no newline yet", "b.log", 3) not in snapshots[1_000]
+    append("b.log", "ine yet\nb3\n")
+    append("a.log", '{"n": 3}\n')
+    tick(2_000)
+    assert ("b2 partial, no newline yet", "b.log", 3) in snapshots[2_000]
+    append("c.log", "c1\n")  # a new key
+    append("a.log", "é\n")
+    tick(3_000)
+    assert {k for _, k, _ in snapshots[3_000]} == {"a.log", "b.log", "c.log"}
+    for t in (1_000, 2_000):  # since = 500 after tick 3_000: earlier times stay exact
+        assert files_view(t) == snapshots[t]
+    assert len(reclocked("logs", config)) == sum(snapshots[3_000].values())
+
+    # a file shrinks: the tick fails loudly and writes nothing; published data stays queryable
+    (root / "b.log").write_bytes(b"b1\n")
+    append("c.log", "c2\n")
+    with pytest.raises(SourceError, match=r"b\.log.* shrank from 33 to 3 bytes"):
+        pipeline.run_once("logs", config, spark, now=4_000)
+    assert readable("logs", config).upper == 3_001
+    with pipeline.open_source("logs", config, connect=False) as ctx:
+        assert ctx.tables.remap_upper() == 3_001
+    assert files_view(3_000) == snapshots[3_000]
+
+
+# --- Kafka: a malformed record -----------------------------------------------------------------
+
+
+def test_kafka_malformed_record_stops_at_stage(kafka_broker, spark, tmp_path):
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_broker, topic, partitions=1)
+    config = write_config(tmp_path, ("events", "kafka", {"bootstrap_servers": kafka_broker, "topic": topic,
+                                                         "group_id": f"g-{topic}"}))
+    produce(kafka_broker, topic, [("k", "ok-1"), ("k", "ok-2")])
+    pipeline.run_once("events", config, spark, now=1_000)
+    produce(kafka_broker, topic, [("k", "ok-3"), ("k", b"\xff\xfe not utf-8")])
+    pipeline.tick("events", config, now=2_000)
+    with pytest.raises(SourceError, match=r"events: .*offset 3: record is not valid utf-8"):
+        pipeline.stage("events", config, spark)
+    with pytest.raises(WarehouseError, match="no complete staged attempt"):
+        pipeline.publish("events", config)
+    assert readable("events", config).upper == 1_001  # nothing of the bad tick published
+    rows = view(spark, config, "events", 1_000)
+    assert sorted(r["value"] for r in rows) == ["ok-1", "ok-2"]
+    with pytest.raises(SourceError, match="not valid utf-8"):  # and it stays stuck, loudly
+        pipeline.run_once("events", config, spark, now=3_000)
