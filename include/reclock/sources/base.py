@@ -12,6 +12,15 @@ class SourceError(RuntimeError):
     """The upstream is unreachable, went backwards, or returned something reclock cannot accept."""
 
 
+def check_range(start: int, end: int, unit: str = "offset") -> None:
+    """Refuse a read range that is not ints with ``0 <= start <= end``."""
+    for name, value in (("start", start), ("end", end)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SourceError(f"{name} {unit} must be an int >= 0, got {value!r}")
+    if end < start:
+        raise SourceError(f"range end {end} is before start {start}")
+
+
 class Source(Protocol):
     #: Arrow type of the partition key (int32 for Kafka, string for files/shards/Postgres).
     partition_type: pa.DataType
@@ -34,6 +43,11 @@ class Source(Protocol):
 
     def committed(self) -> Frontier:
         """The frontier last committed upstream (what it may already have released)."""
+
+    # Optional ``released() -> Frontier``: below it upstream no longer holds the records, when the
+    # source can tell more precisely than ``committed()`` (Kafka keeps records after a group commit
+    # until retention or DeleteRecords removes them). Backfills (:mod:`reclock.backfill`) refuse
+    # windows that need records below it; without it they use ``committed()``.
 
     def close(self) -> None:
         """Release connections."""

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..engine import Frontier, Partition
 from ..engine.cdcv2 import CdcV2Error, Decoder, Message, from_json
-from .base import Source, SourceError
+from .base import Source, SourceError, check_range
 
 FINISHED = 2**63 - 1
 FILE_PATTERN = "*.jsonl"
@@ -124,11 +124,7 @@ class CdcV2Source:
         """Yield ``({"data": json}, time, diff)`` for every update with ``start <= time < end``, by time."""
         if partition != "":
             raise SourceError(f"a CDC v2 source has the single partition '', got {partition!r}")
-        for name, value in (("start", start), ("end", end)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SourceError(f"{name} time must be an int >= 0, got {value!r}")
-        if end < start:
-            raise SourceError(f"range end {end} is before start {start}")
+        check_range(start, end, "time")
         return self._read(start, end)
 
     def _read(self, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
-from .base import SourceError
+from .base import SourceError, check_range
 
 COMMITTED_NAME = "_reclock_committed.json"
 _SCAN = 64 * 1024  # backward scan step when looking for the last newline
@@ -122,11 +122,7 @@ class FileSource:
         """Yield ``({"line": ...}, offset, +1)`` for every line starting in ``[start, end)``."""
         if not isinstance(partition, str) or not partition:
             raise SourceError(f"a files partition is a non-empty key string, got {partition!r}")
-        for name, value in (("start", start), ("end", end)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SourceError(f"{name} offset must be an int >= 0, got {value!r}")
-        if end < start:
-            raise SourceError(f"range end {end} is before start {start}")
+        check_range(start, end, "offset")
         return self._read(partition, start, end)
 
     def _read(self, key: str, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
@@ -171,6 +167,10 @@ class FileSource:
             return Frontier()
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SourceError(f"unreadable commit file {self.committed_path}: {e}") from e
+
+    def released(self) -> Frontier:
+        """The committed frontier when committed objects are deleted, else nothing (every line stays readable)."""
+        return self.committed() if self.delete_committed else Frontier()
 
     def commit(self, frontier: Frontier) -> None:
         """Record ``frontier`` (joined with the last commit: commits never go backwards)."""

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
-from .base import SourceError
+from .base import SourceError, check_range
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,11 @@ class KafkaSource:
         """Per partition: the log start offset (offsets below it were released upstream)."""
         consumer = self._client()
         return Frontier.of({p: self._watermarks(consumer, p)[0] for p in self.partitions()})
+
+    def released(self) -> Frontier:
+        """What Kafka no longer holds: the log start offsets (a group commit releases nothing;
+        retention and DeleteRecords do). Backfills may read anything above it again."""
+        return self.low_watermarks()
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -330,9 +335,5 @@ class KafkaSource:
 def _check_range(partition: Partition, start: int, end: int) -> tuple[int, int, int]:
     if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < 2**31:
         raise SourceError(f"Kafka partition must be an int32 >= 0, got {partition!r}")
-    for name, value in (("start", start), ("end", end)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SourceError(f"{name} offset must be an int >= 0, got {value!r}")
-    if end < start:
-        raise SourceError(f"range end {end} is before start {start}")
+    check_range(start, end, "offset")
     return partition, start, end
