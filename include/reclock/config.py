@@ -29,9 +29,10 @@ DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
-_TOP_KEYS = {"warehouse", "storage_options", "spark", "sources"}
+_TOP_KEYS = {"warehouse", "storage_options", "spark", "sources", "transactions"}
 _SPARK_KEYS = {"master", "conf"}
 _SOURCE_KEYS = {"name", "kind", "schedule", "start_date", "retention_ms", "options"}
+_TRANSACTIONS_KEYS = {"name", "data_source", "tx_source", "schedule", "start_date"}
 
 
 class ConfigError(ValueError):
@@ -53,6 +54,17 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class TransactionsConfig:
+    """Debezium-style transactions over two configured Kafka sources (``reclock.transactions``)."""
+
+    name: str
+    data_source: str
+    tx_source: str
+    schedule: str | None = None
+    start_date: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     warehouse: str
     storage_options: dict[str, str]
@@ -60,6 +72,7 @@ class Config:
     spark_conf: dict[str, str]
     sources: dict[str, SourceConfig]
     path: Path
+    transactions: dict[str, TransactionsConfig] = field(default_factory=dict)
 
     def source(self, name: str) -> SourceConfig:
         try:
@@ -67,6 +80,13 @@ class Config:
         except KeyError:
             known = ", ".join(self.sources) or "none"
             raise ConfigError(f"{self.path}: no source named {name!r} (known: {known})") from None
+
+    def transaction(self, name: str) -> TransactionsConfig:
+        try:
+            return self.transactions[name]
+        except KeyError:
+            known = ", ".join(self.transactions) or "none"
+            raise ConfigError(f"{self.path}: no transactions entry named {name!r} (known: {known})") from None
 
 
 def config_path(path: str | os.PathLike | None = None) -> Path:
@@ -145,6 +165,12 @@ def _parse(r: _Reader, raw: Any) -> Config:
         if source.name in sources:
             raise r.fail(f"sources[{i}].name", f"duplicate source name {source.name!r}")
         sources[source.name] = source
+    transactions: dict[str, TransactionsConfig] = {}
+    for i, entry in enumerate(top.get("transactions") or []):
+        txn = _parse_transactions(r, entry, f"transactions[{i}]", sources)
+        if txn.name in transactions:
+            raise r.fail(f"transactions[{i}].name", f"duplicate transactions name {txn.name!r}")
+        transactions[txn.name] = txn
     return Config(
         warehouse=warehouse if "://" in warehouse else str((base / warehouse).resolve()),
         storage_options=_strings(r.mapping(top.get("storage_options"), "storage_options")),
@@ -153,7 +179,25 @@ def _parse(r: _Reader, raw: Any) -> Config:
         spark_conf=_strings(r.mapping(spark.get("conf"), "spark.conf")),
         sources=sources,
         path=r.path,
+        transactions=transactions,
     )
+
+
+def _parse_transactions(r: _Reader, entry: Any, where: str, sources: dict[str, SourceConfig]) -> TransactionsConfig:
+    entry = r.mapping(entry, where, _TRANSACTIONS_KEYS)
+    name = entry.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise r.fail(f"{where}.name", f"must match [a-z][a-z0-9_]*, got {name!r}")
+    where = f"{where} ({name})"
+    for key in ("data_source", "tx_source"):
+        source = sources.get(entry.get(key))
+        if source is None:
+            raise r.fail(f"{where}.{key}", f"must name a configured source, got {entry.get(key)!r}")
+        if source.kind != "kafka":
+            raise r.fail(f"{where}.{key}", f"must be a kafka source, {source.name} is {source.kind}")
+    return TransactionsConfig(name, entry["data_source"], entry["tx_source"],
+                              r.string(entry.get("schedule"), f"{where}.schedule", optional=True),
+                              _start_date(r, entry.get("start_date"), f"{where}.start_date"))
 
 
 def _parse_source(r: _Reader, entry: Any, where: str) -> SourceConfig:

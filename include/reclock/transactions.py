@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 
 from .config import NAME_RE, load_config
 from .engine.transactions import (
@@ -149,6 +150,20 @@ def _at(row: dict) -> str:
 # --- tables -----------------------------------------------------------------------------------------
 
 
+def txn_table_uri(warehouse: Warehouse, name: str, kind: str) -> str:
+    """Where the ``output`` or ``temp`` table of transactions step ``name`` lives."""
+    return f"{warehouse.root}/{name}_txn_{kind}"
+
+
+def processed_upto(warehouse: Warehouse, name: str) -> int:
+    """Last IntoTime transactions step ``name`` has processed (-1: none): its sources may compact up to it."""
+    try:
+        dt = DeltaTable(txn_table_uri(warehouse, name, "temp"), storage_options=warehouse.storage_options)
+    except TableNotFoundError:
+        return -1
+    return _app_version(dt, TEMP_APP, -1)
+
+
 class TxnTables:
     """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables."""
 
@@ -158,7 +173,7 @@ class TxnTables:
         self.name = name
         self.storage_options = warehouse.storage_options
         self.data_columns = list(data_schema.names)
-        self.uris = {"output": f"{warehouse.root}/{name}_txn_output", "temp": f"{warehouse.root}/{name}_txn_temp"}
+        self.uris = {kind: txn_table_uri(warehouse, name, kind) for kind in ("output", "temp")}
         located = [pa.field("partition", partition_type), pa.field("offset", pa.int64())]
         times = [pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())]
         self.schemas = {
