@@ -3,6 +3,18 @@
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
 
+``reclock_backfill_<name>``: ``airflow backfill create --dag-id reclock_backfill_<name> --from-date
+... --to-date ...`` replays, per backfill run, the IntoTime window of the run's data interval
+``[data_interval_start, data_interval_end)`` (ms) from remap and the upstream and verifies it against
+the published rows (``reclock.backfill``; param ``backfill_mode`` "verify", or "repair" to rewrite a
+window that differs).  It is a DAG of its own because Airflow only backfills DAGs with a periodic
+timetable (a source's DAG may be manual-only) and a backfill run must not tick or publish.  Its
+hourly ``CronDataIntervalTimetable`` gives one-hour windows (a cron *trigger* timetable, Airflow 3's
+default for cron strings, would give empty ones).  Airflow starts backfill runs only for unpaused
+DAGs, and an unpaused periodic DAG also gets scheduled runs: those (and manual runs) replay
+nothing, a short circuit skips them.  A backfill of ``reclock_<name>`` (possible when the source has a
+schedule) fails at its tick, pointing here: it would tick now instead of replaying its interval.
+
 The Spark task uses the connection ``reclock_spark``.  Unless the environment already defines
 ``AIRFLOW_CONN_RECLOCK_SPARK`` itself, this file defines it from the config's ``spark.master``
 (``{"conn_type": "spark", "host": "<master>"}``: the provider takes a spark-type host with no port
@@ -16,10 +28,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import Config, ConfigError, SourceConfig, load_config
 
@@ -28,6 +42,8 @@ SPARK_JOB = REPO / "spark_jobs" / "reclock_job.py"
 SPARK_CONN_ID = "reclock_spark"
 _CONN_VAR = f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}"
 _MANAGED = "reclock-managed"  # marks a connection this file defined, so a new master replaces it
+BACKFILL_SCHEDULE = "0 * * * *"  # one backfill run replays one hour of IntoTime
+BACKFILL_START = datetime(1970, 1, 1, tzinfo=timezone.utc)  # IntoTimes of any date can be backfilled
 
 
 def define_spark_connection(master: str) -> None:
@@ -53,6 +69,11 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     }
 
 
+def run_type(dag_run) -> str:
+    """``"backfill"``, ``"scheduled"``, ``"manual"``, ... of a task's DAG run."""
+    return str(getattr(dag_run.run_type, "value", dag_run.run_type))
+
+
 def build_dag(config: Config, source: SourceConfig) -> DAG:
     name, config_path = source.name, str(config.path)
     with DAG(
@@ -73,7 +94,10 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
     ) as dag:
         # reclock.pipeline is imported when a task runs, not when the DAG file is parsed.
         @task
-        def tick() -> dict:
+        def tick(dag_run=None) -> dict:
+            if run_type(dag_run) == "backfill":  # only possible with a schedule; it would tick now
+                raise AirflowFailException(f"a backfill of reclock_{name} would tick now, not replay its interval: "
+                                           f"backfill reclock_backfill_{name} to replay published IntoTimes")
             from reclock import pipeline
             return pipeline.tick(name, config_path)
 
@@ -102,13 +126,55 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
     return dag
 
 
+def _ms(field: str) -> str:
+    return f"{{{{ ({field}.timestamp() * 1000) | round | int }}}}"
+
+
+def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
+    """``reclock_backfill_<name>``: backfill runs replay their data interval's IntoTimes (see the module doc)."""
+    name = source.name
+    with DAG(
+        dag_id=f"reclock_backfill_{name}",
+        schedule=CronDataIntervalTimetable(BACKFILL_SCHEDULE, timezone="UTC"),
+        start_date=BACKFILL_START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["reclock", "backfill"],
+        params={"backfill_mode": Param("verify", enum=["verify", "repair"],
+                                       description="verify: compare the replay with the published rows; "
+                                                   "repair: also rewrite the window's rows if they differ")},
+        doc_md=(f"### Backfill `{name}`\n\n"
+                f"`airflow backfill create --dag-id reclock_backfill_{name} --from-date ... --to-date ...`: "
+                "each backfill run replays the IntoTimes of its data interval (one hour) from remap and the "
+                "upstream and compares them with the published rows (`--dag-run-conf "
+                "'{\"backfill_mode\": \"repair\"}'` rewrites a window that differs). Windows before the "
+                "compaction frontier, not yet published, or needing records upstream already released are "
+                "refused. Scheduled and manual runs replay nothing."),
+    ) as dag:
+        @task.short_circuit
+        def backfill_run(dag_run=None) -> bool:
+            if run_type(dag_run) != "backfill":
+                print(f"a {run_type(dag_run)} run: only backfill runs replay a window")
+            return run_type(dag_run) == "backfill"
+
+        args = spark_submit_args(config, source)
+        args["application_args"] += ["--replay-interval", _ms("data_interval_start"), _ms("data_interval_end"),
+                                     "--mode", "{{ params.backfill_mode }}"]
+        replay = SparkSubmitOperator(task_id="replay", **{**args, "name": f"reclock-backfill-{name}"})
+        backfill_run() >> replay
+    return dag
+
+
 def build_all(config: Config) -> dict[str, DAG]:
     define_spark_connection(config.spark_master)
     dags = {}
     for source in config.sources.values():
         try:
-            dags[f"reclock_{source.name}"] = dag = build_dag(config, source)
-            dag.validate()  # Airflow would only check the schedule later, without naming the source
+            for built in (build_dag(config, source), build_backfill_dag(config, source)):
+                if built.dag_id in dags:  # e.g. sources "backfill_x" and "x"
+                    raise ValueError(f"DAG id {built.dag_id} is already another source's DAG; rename a source")
+                built.validate()  # Airflow would only check the schedule later, without naming the source
+                dags[built.dag_id] = built
         except Exception as e:  # e.g. an invalid cron string: say which source and file
             raise ConfigError(f"{config.path}: source {source.name}: cannot build its DAG "
                               f"(schedule {source.schedule!r}): {e}") from e

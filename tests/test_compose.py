@@ -391,6 +391,8 @@ from airflow.models import DagBag
 bag = DagBag(dag_folder=DAGS)
 dags = {}
 for dag_id, dag in bag.dags.items():
+    if dag_id.startswith("reclock_backfill_"):  # replays only; the source DAGs carry the Spark job
+        continue
     spark = dag.get_task("reclock")
     dags[dag_id] = {"conf": spark.conf, "args": spark.application_args, "application": spark.application,
                     "master": spark._get_hook()._connection["master"]}

@@ -109,6 +109,7 @@ def test_registered_kind_is_accepted(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kind, options, offsets_unique", [
     ("postgres", {"dsn": "host=/tmp dbname=app", "slot": "reclock_app", "tables": ["public.items"]}, False),
     ("files", {"url": "s3://bucket/logs", "pattern": "*.jsonl"}, True),
+    ("recorded", {"url": "s3://bucket/kinesis", "gauge": "kinesis"}, True),
 ])
 def test_postgres_and_files_kinds(tmp_path, kind, options, offsets_unique):
     config = load_config(write(tmp_path, variant(kind=kind, options=options)))
@@ -124,7 +125,7 @@ def test_config_kinds_are_the_buildable_kinds(tmp_path):
     assert {"kafka", "files", "postgres"} <= set(sources.source_kinds())
     for kind in sources.source_kinds():
         assert callable(sources._resolve(kind))
-    with pytest.raises(ConfigError, match=r"unknown kind 'nope' \(known: cdcv2, files, kafka, postgres\)"):
+    with pytest.raises(ConfigError, match=r"unknown kind 'nope' \(known: cdcv2, files, kafka, postgres, recorded\)"):
         load_config(write(tmp_path, variant(kind="nope")))
 
 

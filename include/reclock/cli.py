@@ -1,4 +1,4 @@
-"""``reclock`` command line: run pipeline steps, show status, query AS OF a time."""
+"""``reclock`` command line: run pipeline steps, show status, query AS OF a time, backfill a window."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("sink-cdcv2", help="write a source's reclocked collection as CDC v2 (new intervals only)")
     k.add_argument("source")
     k.add_argument("--to", required=True, help="kafka://host:port/topic or a directory URL (file:///dir, s3://...)")
+    x = sub.add_parser("transactions", help="publish the complete Debezium transactions of a 'transactions' entry")
+    x.add_argument("name")
+    b = sub.add_parser("backfill", help="replay published IntoTimes [--from, --to] from remap and the upstream "
+                       "and compare them with the published rows (--repair: rewrite them if they differ)")
+    b.add_argument("source")
+    b.add_argument("--from", dest="start", required=True, help="first IntoTime: ms since epoch or ISO datetime")
+    b.add_argument("--to", dest="end", required=True, help="last IntoTime (inclusive): ms since epoch or ISO datetime")
+    b.add_argument("--repair", action="store_true", help="replace the window's published rows by the replay")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
@@ -54,6 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
             print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))
+        elif args.command == "transactions":
+            from .transactions import publish_transactions
+            txn = load_config(args.config).transaction(args.name)
+            print(json.dumps(publish_transactions(txn.name, txn.data_source, txn.tx_source, args.config), indent=2))
+        elif args.command == "backfill":
+            from .backfill import replay
+            start, end = (parse_time(t, [args.source], args.config) for t in (args.start, args.end))
+            mode = "repair" if args.repair else "verify"
+            print(json.dumps(replay(args.source, args.config, start, end, mode=mode), indent=2))
         elif args.command == "status":
             print(json.dumps(status(args.config), indent=2))
         else:

@@ -15,6 +15,7 @@ from typing import Iterator
 
 from .config import SourceConfig, load_config
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .offsets import offset_type_of
 from .sources import build_source, source_class
 from .sources.base import Source, SourceError
 from .warehouse import SourceTables, Warehouse
@@ -41,8 +42,8 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True)
     """The configured source, connected, with its warehouse tables.
 
     ``connect=False`` (reading what is published): when the source's class declares its
-    schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema`` and
-    ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
+    schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema``,
+    ``offset_type`` and ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
     """
     config = load_config(config_path)
     source_config = config.source(name)
@@ -52,7 +53,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True)
         source = build_source({"kind": source_config.kind, **source_config.options})
     try:
         tables = Warehouse(config.warehouse, config.storage_options).source(
-            name, source.partition_type, source.data_schema)
+            name, source.partition_type, source.data_schema, offset_type_of(source))
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf)
     finally:
         if connected:
@@ -174,6 +175,7 @@ def compact(name: str, config_path: str | None = None, now: int | None = None) -
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
         since = min(resume_at - 1, (now if now is not None else now_ms()) - ctx.config.retention_ms)
+        since = min([since] + _consumers_progress(name, config_path))
         current = ctx.tables.since()
         # Compaction rewrites the history before since: do it when since moved by a quarter of
         # the retention, not on every tick, so its cost stays proportional to the data.
@@ -181,6 +183,16 @@ def compact(name: str, config_path: str | None = None, now: int | None = None) -
             return {"since": current, "compacted": False}
         ctx.tables.compact(since)
         return {"since": since, "compacted": True}
+
+
+def _consumers_progress(name: str, config_path: str | None) -> list[int]:
+    """Last IntoTime processed by each transactions step reading ``name``: compaction must wait for them."""
+    from .transactions import processed_upto
+
+    config = load_config(config_path)
+    warehouse = Warehouse(config.warehouse, config.storage_options)
+    return [processed_upto(warehouse, t.name) for t in config.transactions.values()
+            if name in (t.data_source, t.tx_source)]
 
 
 def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None) -> dict:

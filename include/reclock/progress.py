@@ -85,14 +85,15 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
 
 
 def read_only_tables(uri: str, storage_options: dict | None = None) -> SourceTables | None:
-    """The source's tables for reading (partition type from the stored remap), None before the first tick.
+    """The source's tables for reading (partition and offset types from the stored remap), None before the first tick.
 
     Never creates anything, and needs no connection to the upstream.
     """
     if not DeltaTable.is_deltatable(f"{uri}/remap", storage_options):
         return None
     schema = pa.schema(DeltaTable(f"{uri}/remap", storage_options=storage_options).schema().to_arrow())
-    return SourceTables(uri, schema.field("partition").type, pa.schema([]), storage_options)
+    return SourceTables(uri, schema.field("partition").type, pa.schema([]), storage_options,
+                        offset_type=schema.field("increment").type)
 
 
 def _frontier_json(frontier: Frontier) -> dict[str, int]:

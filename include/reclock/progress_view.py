@@ -63,11 +63,13 @@ def fmt_duration(ms: int | None) -> str:
 
 
 def fmt_count(n: float | None) -> str:
-    """An offset or count: ``12,345`` below ten million, else ``12.3M`` / ``4.56G`` / ``7.89T``."""
+    """An offset or count: ``12,345`` below ten million, else ``12.3M`` / ``4.56G`` / ``7.89T`` / ``4.96e55``."""
     if n is None:
         return "–"
     if abs(n) < 10_000_000:
         return f"{n:,.0f}" if float(n).is_integer() else f"{n:,.2f}"
+    if abs(n) >= 1e18:  # sparse gauges (Kinesis sequence numbers): 4.96e55
+        return f"{float(n):.3g}".replace("e+", "e")
     for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import offsets
 from .config import Config, load_config
 from .engine import RemapError
 from .pipeline import open_source
@@ -72,12 +73,15 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
                 raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
             contents = contents.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).drop("_n", "_i")
             contents.createOrReplaceTempView(name)
+            # Offsets as the reclocked table stores them (big ones encoded, order-preserving): comparable.
+            offset_type = ctx.tables.offset_type
             try:
-                progress = [(r.into_time, str(r.partition), r.offset) for r in remap.progress() if r.into_time <= t]
+                progress = [(r.into_time, str(r.partition), offsets.to_storage(r.offset, offset_type))
+                            for r in remap.progress() if r.into_time <= t]
             except RemapError as e:
                 raise QueryError(str(e)) from e
-            spark.createDataFrame(progress, "into_time long, partition string, offset long") \
-                .createOrReplaceTempView(f"{name}_progress")
+            schema = f"into_time long, partition string, offset {offsets.sql_type(offset_type)}"
+            spark.createDataFrame(progress, schema).createOrReplaceTempView(f"{name}_progress")
             counts[name] = contents.count()
     return counts
 

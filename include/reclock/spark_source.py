@@ -3,14 +3,17 @@
 Options (strings, as every Spark option):
 
 * ``spec``: JSON of the source spec, ``{"kind": "kafka", ...kwargs}`` (see :func:`reclock.sources.build_source`);
-* ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that).
+* ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that);
+* ``max_task_offsets``: optional, the widest offset span of one read task (``0``: no limit).
 
 Contiguous ranges of one partition are coalesced into read tasks of at most
-``MAX_TASK_OFFSETS`` offsets (:func:`segments`), so replaying many bindings costs one read
+``MAX_TASK_OFFSETS`` offsets (:func:`segments`; a source may declare its own ``max_task_offsets``,
+None for sparse gauges such as Kinesis sequence numbers), so replaying many bindings costs one read
 per partition chunk, not one Spark task per binding.  Each task builds its own source from
 the spec, reads ``start <= offset < end`` once, stamps each record with the IntoTime of the
 range it falls in, and yields Arrow batches with the columns
-``<source data columns>..., partition, offset, into_time, diff``.
+``<source data columns>..., partition, offset, into_time, diff``; ``offset`` is stored as the
+source's ``offset_type`` (:mod:`reclock.offsets`: int64, or an order-preserving string).
 
 Spark's Python workers must be able to import ``reclock`` (and the source's client library):
 start the session with ``PYSPARK_PYTHON`` pointing at the project's interpreter
@@ -31,6 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from . import offsets
 from .sources import build_source
 from .sources.base import SourceError
 
@@ -48,7 +52,7 @@ def output_arrow_schema(source) -> pa.Schema:
         raise SourceError(f"source data columns {clash} clash with reclock's columns {list(META_COLUMNS)}")
     return pa.schema(list(source.data_schema) + [
         pa.field("partition", source.partition_type, nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("offset", offsets.offset_type_of(source), nullable=False),
         pa.field("into_time", pa.int64(), nullable=False),
         pa.field("diff", pa.int64(), nullable=False),
     ])
@@ -116,8 +120,8 @@ class Segment:
         return self.bounds[bisect_right(self._ends, offset)][1]
 
 
-def segments(ranges: Iterable[Sequence[Any]], max_offsets: int = MAX_TASK_OFFSETS) -> list[Segment]:
-    """Coalesce contiguous ranges per partition, then cut them into tasks of at most ``max_offsets``."""
+def segments(ranges: Iterable[Sequence[Any]], max_offsets: int | None = MAX_TASK_OFFSETS) -> list[Segment]:
+    """Coalesce contiguous ranges per partition, then cut them into tasks of at most ``max_offsets`` (None: uncut)."""
     runs: list[list[tuple[int, Any, int, int]]] = []
     for r in sorted((r for r in normalize_ranges(ranges) if r[2] < r[3]), key=lambda r: (str(r[1]), r[2])):
         if runs and runs[-1][-1][1] == r[1] and runs[-1][-1][3] == r[2]:
@@ -127,8 +131,8 @@ def segments(ranges: Iterable[Sequence[Any]], max_offsets: int = MAX_TASK_OFFSET
     out = []
     for run in runs:
         partition, start, end = run[0][1], run[0][2], run[-1][3]
-        for lo in range(start, end, max_offsets):
-            hi = min(lo + max_offsets, end)
+        for lo in range(start, end, max_offsets or end - start):
+            hi = min(lo + max_offsets, end) if max_offsets else end
             bounds = tuple((min(e, hi), t) for t, _, s, e in run if s < hi and e > lo)
             out.append(Segment(partition, lo, hi, bounds))
     return out
@@ -158,16 +162,19 @@ class ReclockDataSource(DataSource):
             source.close()
 
     def reader(self, schema) -> "ReclockReader":
-        return ReclockReader(_parse_spec(self.options), _parse_ranges(self.options))
+        limit = int(self.options.get("max_task_offsets", MAX_TASK_OFFSETS))
+        return ReclockReader(_parse_spec(self.options), _parse_ranges(self.options), limit or None)
 
 
 class ReclockReader(DataSourceReader):
-    def __init__(self, spec: dict, ranges: list[tuple[int, Any, int, int]]) -> None:
+    def __init__(self, spec: dict, ranges: list[tuple[int, Any, int, int]],
+                 max_offsets: int | None = MAX_TASK_OFFSETS) -> None:
         self.spec = spec
         self.ranges = ranges
+        self.max_offsets = max_offsets
 
     def partitions(self) -> list[SegmentPartition]:
-        parts = [SegmentPartition(i, seg) for i, seg in enumerate(segments(self.ranges))]
+        parts = [SegmentPartition(i, seg) for i, seg in enumerate(segments(self.ranges, self.max_offsets))]
         return parts or [SegmentPartition(0, Segment(None, 0, 0, ()))]  # Spark wants at least one partition
 
     def read(self, partition: SegmentPartition) -> Iterator[pa.RecordBatch]:
@@ -183,11 +190,13 @@ class ReclockReader(DataSourceReader):
 def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Arrow batches of one segment, columns as :func:`output_arrow_schema` (usable without Spark)."""
     schema = output_arrow_schema(source)
+    offset_type = schema.field("offset").type
     names = [f.name for f in source.data_schema]
     columns: dict[str, list] = {n: [] for n in schema.names}
 
     def flush() -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(columns, schema=schema)
+        stored = {**columns, "offset": [offsets.to_storage(o, offset_type) for o in columns["offset"]]}
+        batch = pa.RecordBatch.from_pydict(stored, schema=schema)
         for values in columns.values():
             values.clear()
         return batch
@@ -227,6 +236,7 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]])
     source = build_source(spec)  # validates the spec on the driver; only its schema is used
     try:
         schema = spark_schema(output_arrow_schema(source))
+        max_offsets = getattr(source, "max_task_offsets", MAX_TASK_OFFSETS)
     finally:
         source.close()
     check_python_workers(spark)
@@ -234,6 +244,7 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]])
     return (spark.read.format(NAME).schema(schema)
             .option("spec", json.dumps(spec))
             .option("ranges", json.dumps(ranges))
+            .option("max_task_offsets", str(max_offsets or 0))
             .load())
 
 

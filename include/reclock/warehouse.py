@@ -9,6 +9,9 @@ survives overwrites:
 * remap table, app ``reclock.since``: version = compaction frontier ``since``;
 * reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
 
+A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published
+IntoTimes in one overwrite commit without an app transaction, so the versions stay as they were.
+
 Spark stages reclocked rows under ``reclocked/staged/upto=<t>/<attempt>/`` (a fresh
 attempt directory per :meth:`SourceTables.staging_dir` call, so a rerun never
 overwrites files a previous attempt may already have published);
@@ -34,6 +37,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction
 
+from . import offsets
 from .engine import Remap
 
 Kind = Literal["remap", "reclocked"]
@@ -50,13 +54,15 @@ class WarehouseError(RuntimeError):
 REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
 
 
-def remap_schema(partition_type: pa.DataType) -> pa.Schema:
-    return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", pa.int64())])
+def remap_schema(partition_type: pa.DataType, offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
+    """``increment`` is stored like the source's offsets (:mod:`reclock.offsets`): int64 or big."""
+    return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", offset_type)])
 
 
-def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema) -> pa.Schema:
+def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
+                     offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
     return pa.schema(list(data_schema) + [
-        pa.field("partition", partition_type), pa.field("offset", pa.int64()),
+        pa.field("partition", partition_type), pa.field("offset", offset_type),
         pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())])
 
 
@@ -67,9 +73,11 @@ class Warehouse:
         self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
         self.storage_options = storage_options
 
-    def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema) -> "SourceTables":
+    def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
+               offset_type: pa.DataType = offsets.INT64) -> "SourceTables":
         """The tables of source ``name``, created on first use (schema checked otherwise)."""
-        tables = SourceTables(f"{self.root}/{name}", partition_type, data_schema, self.storage_options)
+        tables = SourceTables(f"{self.root}/{name}", partition_type, data_schema, self.storage_options,
+                              offset_type=offset_type)
         tables.create_if_absent()
         return tables
 
@@ -78,12 +86,15 @@ class SourceTables:
     """The remap and reclocked Delta tables of one source."""
 
     def __init__(self, uri: str, partition_type: pa.DataType, data_schema: pa.Schema,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, *, offset_type: pa.DataType = offsets.INT64):
+        """``offset_type``: how offsets and increments are stored (:func:`reclock.offsets.offset_type_of`)."""
         self.uri = uri
         self.storage_options = storage_options
         self.data_columns = list(data_schema.names)
+        self.offset_type = offsets.check_type(offset_type)
         self.schemas: dict[Kind, pa.Schema] = {
-            "remap": remap_schema(partition_type), "reclocked": reclocked_schema(partition_type, data_schema)}
+            "remap": remap_schema(partition_type, self.offset_type),
+            "reclocked": reclocked_schema(partition_type, data_schema, self.offset_type)}
 
     # --- tables -------------------------------------------------------------------------
 
@@ -131,8 +142,10 @@ class SourceTables:
         """The stored remap, with ``since`` and ``upper`` from the app transactions."""
         dt = self.table("remap")
         since, upper = _app_version(dt, SINCE_APP, 0), _app_version(dt, REMAP_APP, -1) + 1
-        rows = _rows(dt, self.schemas["remap"]).to_pylist()  # the same snapshot as since and upper
-        remap = Remap.from_increments(((r["partition"], r["into_time"], r["increment"]) for r in rows), 0, upper)
+        rows = _rows(dt, self.schemas["remap"])  # the same snapshot as since and upper
+        increments = offsets.from_arrow(rows["increment"])  # Python ints, however they are stored
+        remap = Remap.from_increments(zip(rows["partition"].to_pylist(), rows["into_time"].to_pylist(), increments),
+                                      0, upper)
         return remap.compact(since)  # rows may predate a crashed compaction (since recorded first)
 
     def append_binding(self, remap_before: Remap, remap_after: Remap) -> bool:
@@ -148,7 +161,11 @@ class SourceTables:
             raise WarehouseError(f"remap_before has upper {remap_before.upper} but the stored remap "
                                  f"has upper {stored + 1}")
         rows = [r for r in remap_after.increments() if r.into_time >= remap_before.upper]
-        table = pa.Table.from_pylist([r._asdict() for r in rows], schema=self.schemas["remap"])
+        try:
+            table = pa.Table.from_pylist([r._replace(increment=offsets.to_storage(r.increment, self.offset_type))
+                                          ._asdict() for r in rows], schema=self.schemas["remap"])
+        except offsets.OffsetError as e:
+            raise WarehouseError(f"cannot store the remap of {self.uri}: {e}") from e
         self._append("remap", table, REMAP_APP, version)
         remap_table = self.table("remap")
         if len(remap_table.file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
@@ -248,6 +265,29 @@ class SourceTables:
         files = self.snapshot_files("reclocked", version)
         return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
 
+    def replace_reclocked(self, df, predicate: str) -> int:
+        """Replace the reclocked rows matching ``predicate`` (SQL on ``into_time``) by a Spark DataFrame's rows.
+
+        One commit (delta-rs overwrite with ``predicate``; every new row must match it). Spark writes
+        Parquet under ``replay/<attempt>/`` in the table, which is streamed from there into the commit and
+        then deleted, so the rows never all sit in driver memory. The commit carries no app transaction, so
+        ``reclocked_upper`` stays what it was. Returns the number of rows written.
+        """
+        attempt = f"replay/{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:8]}"
+        schema = self.schemas["reclocked"]
+        df.select(*schema.names).write.parquet(self._spark_path(attempt))
+        fs = self._fs("reclocked")
+        try:
+            paths = [i.path for i in _parquet_files(fs, attempt)]
+            dataset = pads.dataset(paths, schema=schema, filesystem=fs, format="parquet")
+            rows = dataset.count_rows()
+            reader = pa.RecordBatchReader.from_batches(schema, dataset.to_batches())
+            write_deltalake(self.table_uri("reclocked"), reader, mode="overwrite", predicate=predicate,
+                            storage_options=self.storage_options)
+        finally:
+            fs.delete_dir(attempt)
+        return rows
+
     def read_reclocked_arrow(self, version: int | None = None) -> pa.Table:
         """The reclocked snapshot through deltalake (small tables, tests)."""
         return self._read("reclocked", version)
@@ -295,9 +335,7 @@ class SourceTables:
         old = self._read(kind, filter=at_or_before)
         advanced = old.set_column(old.schema.get_field_index("into_time"), "into_time",
                                   pa.repeat(pa.scalar(since, pa.int64()), old.num_rows))
-        summed = advanced.group_by(keys + ["into_time"], use_threads=False).aggregate([(value, "sum")])
-        new = summed.rename_columns([value if c == f"{value}_sum" else c for c in summed.column_names])
-        new = new.filter(pc.field(value) != 0).select(self.schemas[kind].names).cast(self.schemas[kind])
+        new = _sum_by(advanced, keys + ["into_time"], value, self.schemas[kind])
         if new.num_rows == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         write_deltalake(self.table_uri(kind), new, mode="overwrite", predicate=f"into_time <= {since}",
@@ -306,6 +344,25 @@ class SourceTables:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _sum_by(table: pa.Table, keys: list[str], value: str, schema: pa.Schema) -> pa.Table:
+    """Rows of ``schema``: ``sum(value)`` per ``keys``, zero sums dropped.
+
+    An int64 ``value`` sums in Arrow; a big one (encoded strings, :mod:`reclock.offsets`)
+    sums exactly in Python ints, then is encoded again.
+    """
+    if not offsets.is_big(table.schema.field(value).type):
+        summed = table.group_by(keys, use_threads=False).aggregate([(value, "sum")])
+        new = summed.rename_columns([value if c == f"{value}_sum" else c for c in summed.column_names])
+        return new.filter(pc.field(value) != 0).select(schema.names).cast(schema)
+    sums: dict[tuple, int] = {}
+    for key, amount in zip(zip(*(table[k].to_pylist() for k in keys)), offsets.from_arrow(table[value])):
+        sums[key] = sums.get(key, 0) + amount
+    kept = [(key, total) for key, total in sums.items() if total]
+    columns = {k: [key[i] for key, _ in kept] for i, k in enumerate(keys)}
+    columns[value] = [offsets.to_storage(total, schema.field(value).type) for _, total in kept]
+    return pa.Table.from_pydict({n: columns[n] for n in schema.names}, schema=schema)
 
 
 def _txn(app_id: str, version: int) -> CommitProperties:

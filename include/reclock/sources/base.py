@@ -26,6 +26,12 @@ class Source(Protocol):
     partition_type: pa.DataType
     #: The data columns a record carries (without partition, offset, into_time, diff).
     data_schema: pa.Schema
+    # Optional ``offset_type``: how offsets and remap increments are stored, ``pa.int64()`` (the
+    # default) or ``pa.string()`` for gauges beyond int64 (Kinesis sequence numbers), encoded
+    # order-preservingly by :mod:`reclock.offsets`. Reads and frontiers always use Python ints.
+    # Optional ``max_task_offsets``: the widest offset span one Spark read task covers (default
+    # :data:`reclock.spark_source.MAX_TASK_OFFSETS`); None for sparse gauges (sequence numbers,
+    # timetokens), whose spans say nothing about how many records they hold.
     # Optional ``content_columns``: the data columns that make up a record's contents in AS OF
     # views (default: all); the others describe the change (e.g. Postgres op, xid, commit_time).
 
