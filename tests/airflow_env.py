@@ -28,6 +28,11 @@ from pathlib import Path
 
 import pytest
 
+import os
+import signal
+import subprocess
+import urllib.request
+
 from reclock import airflow_home
 from reclock.airflow_home import DAGS_FOLDER, PYTHON, REPO, run  # noqa: F401  (re-exported for tests)
 
@@ -84,3 +89,23 @@ dag_run = dag.test()
 emit({{"state": str(dag_run.state), "tasks": {{ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}}}})
 """
     return run_python(code, env, timeout)
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import time
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,14 +13,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from airflow_env import DAGS_FOLDER, airflow_env, prepare_home, run, run_python
+from airflow_env import DAGS_FOLDER, airflow_env, http_ok, prepare_home, run, run_python, stop_group
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 
 from reclock import pipeline
 from reclock.airflow_home import AIRFLOW
 from reclock import cli
 from reclock.backfill import BackfillError, replay, window_of_interval
-from reclock.broker import create_topic, delete_records, produce
+from reclock.broker import create_topic, delete_records, free_port, produce
 from reclock.engine import Frontier
 from test_pipeline import reclocked_rows, write_config
 
@@ -216,12 +212,6 @@ def test_refusals_and_the_compacted_binding(kafka_broker, spark, tmp_path):
 
 # --- Airflow: `airflow backfill create` run by a real scheduler -------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class AirflowServices:
     """``airflow api-server`` (the execution API the task runners call), then ``airflow scheduler``."""
 
@@ -257,24 +247,9 @@ class AirflowServices:
         return (self.directory / f"{name}.log").read_text()
 
     def __exit__(self, *exc) -> None:
-        for _, _, proc in self.procs:  # each process group this object started
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for _, log, proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for _, log, proc in self.procs:  # each process group this object started
+            stop_group(proc)
             log.close()
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def airflow(env, *args) -> str:

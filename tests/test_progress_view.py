@@ -12,8 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_env import REPO, prepare_home
+from airflow_env import REPO, http_ok, prepare_home, stop_group
+from reclock.broker import free_port
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from reclock import check_log, pipeline
 from reclock.checks import ChecksFailed
@@ -337,12 +336,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--hide-scrollbars"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def chromium() -> str | None:
     return next((p for p in (shutil.which("chromium"), "/usr/bin/chromium") if p and os.path.exists(p)), None)
 
@@ -392,28 +385,15 @@ def api_server(tmp_path, airflow_db_template):  # noqa: F811
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
-        while http_get_ok(f"{base}/api/v2/monitor/health") is False:
+        while http_ok(f"{base}/api/v2/monitor/health") is False:
             if proc.poll() is not None or time.monotonic() > deadline:
                 log_text = (tmp_path / "api-server.log").read_text()
                 raise AssertionError(f"api-server did not come up:\n{log_text[-5000:]}")
             time.sleep(1)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers: the group this fixture started
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)  # the server and its workers: the group this fixture started
         log.close()
-
-
-def http_get_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from .config import NAME_RE, load_config
 from .engine.transactions import (
-    BEGIN, END, DataEvent, PublishedId, PublishedTx, TempRecord, TransactionError, TxEvent, TxState,
+    END, DataEvent, PublishedId, PublishedTx, TempRecord, TransactionError, TxEvent, TxState,
     batches, fold_with_updates,
 )
 from .pipeline import open_source
