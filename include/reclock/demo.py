@@ -1,10 +1,18 @@
 """The reclock demo on the embedded default: ``python -m reclock.demo`` (``make demo``).
 
-Starts a local Kafka-protocol broker, produces to a slow ``orders`` topic and a fast
-``clicks`` topic, runs several rounds of both sources' Airflow DAGs (``airflow dags test``:
-tick -> Spark reclock -> Great Expectations checks -> publish -> resume -> compact),
-then joins the two topics AS OF one IntoTime and shows that each answer is fixed.
-Everything lives under ``var/demo`` (removed at the start of each run).
+Four sources with four gauges of progress, each with its own Airflow DAG
+(``airflow dags test``: tick -> Spark reclock -> Great Expectations checks -> publish
+-> resume -> compact):
+
+* ``orders``: a slow Kafka topic, 2 partitions (a local Kafka-protocol broker);
+* ``clicks``: a fast Kafka topic, 3 partitions;
+* ``weblogs``: a directory of growing log files, ``(key, byte offset)``;
+* ``payments``: a Postgres table read by logical replication, commit LSN (a private cluster).
+
+Each round changes every source, ticks all four IntoTime clocks at one moment and runs
+the four DAGs.  At the end it joins all four AS OF each round's tick: the answer for a
+past IntoTime stays the same however much arrives later.  Everything lives under
+``var/demo`` (removed at the start of each run).
 """
 from __future__ import annotations
 
@@ -12,80 +20,115 @@ import argparse
 import random
 import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
 
+from . import pipeline
 from .airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, run
 from .broker import LocalBroker, create_topic, produce
-from . import pipeline
+from .pg_cluster import PgCluster
 
-SOURCES = {"orders": 2, "clicks": 3}  # topic -> partitions
+TOPICS = {"orders": 2, "clicks": 3}  # topic -> partitions
+SOURCES = [*TOPICS, "weblogs", "payments"]
+USERS = [f"user-{i}" for i in range(5)]
 CLI = [PYTHON, "-m", "reclock.cli"]
-JOIN = """SELECT o.key AS user, o.value AS order_id, count(c.value) AS clicks_by_user
-FROM orders o LEFT JOIN clicks c ON c.key = o.key GROUP BY o.key, o.value ORDER BY o.value"""
+JOIN = """
+WITH c AS (SELECT key AS user, count(*) AS clicks FROM clicks GROUP BY key),
+     w AS (SELECT split(line, ' ')[0] AS user, count(*) AS visits FROM weblogs GROUP BY 1),
+     p AS (SELECT get_json_object(row, '$.user_id') AS user,
+                  sum(CAST(get_json_object(row, '$.amount') AS INT)) AS paid FROM payments GROUP BY 1)
+SELECT o.key AS user, o.value AS order_id, coalesce(c.clicks, 0) AS clicks,
+       coalesce(w.visits, 0) AS visits, coalesce(p.paid, 0) AS paid
+FROM orders o LEFT JOIN c ON c.user = o.key LEFT JOIN w ON w.user = o.key LEFT JOIN p ON p.user = o.key
+ORDER BY order_id"""
 
 
 def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_config(path: Path, bootstrap: str) -> None:
+def write_config(path: Path, bootstrap: str, logs: Path, dsn: str) -> None:
+    kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000,
+              "options": {"bootstrap_servers": bootstrap, "topic": name, "group_id": f"reclock-{name}"}}
+             for name in TOPICS]
     path.write_text(yaml.safe_dump({
         "warehouse": str(path.parent / "warehouse"),
         "spark": {"master": "local[2]"},
-        "sources": [{"name": name, "kind": "kafka", "retention_ms": 3_600_000,
-                     "options": {"bootstrap_servers": bootstrap, "topic": name, "group_id": f"reclock-{name}"}}
-                    for name in SOURCES],
+        "sources": kafka + [
+            {"name": "weblogs", "kind": "files", "retention_ms": 3_600_000, "options": {"url": str(logs)}},
+            {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000,
+             "options": {"dsn": dsn, "slot": "reclock_payments", "tables": ["public.payments"]}},
+        ],
     }, sort_keys=False))
 
 
-def produce_round(bootstrap: str, round_: int, rng: random.Random) -> dict[str, int]:
-    """A slow topic (a couple of orders) and a fast one (dozens of clicks), keyed by user."""
-    users = [f"user-{i}" for i in range(5)]
-    orders = [(rng.choice(users), f"order-{round_}-{i}", i % SOURCES["orders"]) for i in range(2)]
-    clicks = [(rng.choice(users), f"click-{round_}-{i}", i % SOURCES["clicks"]) for i in range(40)]
+def change_round(bootstrap: str, logs: Path, dsn: str, round_: int, rng: random.Random) -> dict[str, int]:
+    """A couple of orders, dozens of clicks, appended log lines, and payment transactions."""
+    import psycopg
+
+    orders = [(rng.choice(USERS), f"order-{round_}-{i}", i % TOPICS["orders"]) for i in range(2)]
+    clicks = [(rng.choice(USERS), f"click-{round_}-{i}", i % TOPICS["clicks"]) for i in range(40)]
     produce(bootstrap, "orders", orders)
     produce(bootstrap, "clicks", clicks)
-    return {"orders": len(orders), "clicks": len(clicks)}
+    visits = [f"{rng.choice(USERS)} GET /page/{i}\n" for i in range(15)]
+    with open(logs / f"web-{round_ % 2}.log", "a") as f:  # two files growing, appended in turn
+        f.writelines(visits)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        for _ in range(3):
+            with db.transaction():  # all changes of one transaction get one IntoTime
+                for _ in range(2):
+                    db.execute("INSERT INTO payments (user_id, amount) VALUES (%s, %s)",
+                               (rng.choice(USERS), rng.randint(1, 100)))
+        db.execute("DELETE FROM payments WHERE id = (SELECT min(id) FROM payments)")  # a refund: diff -1
+    return {"orders": len(orders), "clicks": len(clicks), "log lines": len(visits), "payment txns": 4}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=REPO / "var" / "demo")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
-    args.dir.mkdir(parents=True)
+    logs = args.dir / "weblogs"
+    logs.mkdir(parents=True)
     config = args.dir / "sources.yaml"
     env = airflow_env(args.dir / "airflow", config)
 
-    say("starting a local Kafka-protocol broker (noida-db)")
-    with LocalBroker(data_dir=str(args.dir / "broker")) as broker:
-        for topic, partitions in SOURCES.items():
+    with ExitStack() as stack:
+        say("starting a local Kafka-protocol broker (noida-db) and a private Postgres cluster")
+        broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
+        cluster = stack.enter_context(PgCluster())
+        dsn = cluster.dsn()
+        for topic, partitions in TOPICS.items():
             create_topic(broker.bootstrap, topic, partitions=partitions)
-        write_config(config, broker.bootstrap)
-        print(f"broker at {broker.bootstrap}; config {config}")
+        import psycopg
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
+        write_config(config, broker.bootstrap, logs, dsn)
+        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; config {config}")
+        pipeline.tick("payments", str(config))  # creates the replication slot before any change
         say("initialising Airflow (SQLite) in var/demo/airflow")
         migrate(args.dir / "airflow", env)
 
         rng, times = random.Random(7), []
         for round_ in range(1, args.rounds + 1):
-            produced = produce_round(broker.bootstrap, round_, rng)
-            say(f"round {round_}/{args.rounds}: produced {produced}; ticking both clocks, running both DAGs")
-            ticks = [pipeline.tick(name, str(config)) for name in SOURCES]  # one moment for both sources
+            changed = change_round(broker.bootstrap, logs, dsn, round_, rng)
+            say(f"round {round_}/{args.rounds}: {changed}; ticking all clocks, running every DAG")
+            ticks = [pipeline.tick(name, str(config)) for name in SOURCES]  # one moment for all sources
             times.append(max(t["into_time"] for t in ticks))
-            bound = ", ".join(f"{name} {tick['frontier']}" for name, tick in zip(SOURCES, ticks))
-            print(f"  bound {bound} by IntoTime {times[-1]}", flush=True)
+            for name, tick in zip(SOURCES, ticks):
+                print(f"  {name} bound {tick['frontier']}", flush=True)
             for name in SOURCES:
                 started = time.monotonic()
                 run([AIRFLOW, "dags", "test", f"reclock_{name}"], env, timeout=900)
                 print(f"  reclock_{name}: success in {time.monotonic() - started:.0f}s", flush=True)
 
         say("status of every source")
-        print(run([*CLI, "--config", str(config), "status"], env))
+        print(run([*CLI, "--config", str(config), "status"], env, stderr=False))
         for round_, t in enumerate(times, 1):
-            say(f"AS OF join of orders and clicks at round {round_}'s tick: the same answer whenever it is asked")
+            say(f"AS OF join of all four sources at round {round_}'s tick: the same answer whenever it is asked")
             print(run([*CLI, "--config", str(config), "query", "--as-of", str(t), "--sql", JOIN], env, stderr=False))
         say(f"done: the tables are Delta Lake under {args.dir / 'warehouse'}; "
             f"query them with: reclock --config {config} query --as-of latest --sql '...'")
