@@ -81,7 +81,8 @@ def test_ranged_read_does_not_read_whole_file(where, monkeypatch):
     append("big.txt", big)
     src = FileSource(url)
     cat, scanned = src.fs.cat_file, []
-    monkeypatch.setattr(src.fs, "cat_file", lambda p, s=None, e=None: scanned.append((e or 0) - (s or 0)) or cat(p, s, e))
+    monkeypatch.setattr(src.fs, "cat_file", lambda p, start=None, end=None: scanned.append((end or 0) - (start or 0))
+                        or cat(p, start=start, end=end))  # keywords: s3fs's second positional is version_id
     assert src.upper()["big.txt"] == len(big) and sum(scanned) <= 64 * 1024  # upper scans the tail only
     reads = []
     orig = src.fs.open

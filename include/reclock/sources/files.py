@@ -102,7 +102,7 @@ class FileSource:
         floor = lo - len(tail)  # also read the remembered tail when it is close
         while base > floor:  # the last newline at or after lo - 1, reading backwards
             nb = max(floor, base - _SCAN)
-            buf, base = self.fs.cat_file(path, nb, base) + buf, nb
+            buf, base = self.fs.cat_file(path, start=nb, end=base) + buf, nb
             i = buf.rfind(b"\n", max(0, lo - 1 - base))
             if i >= 0:
                 upper = base + i + 1
@@ -116,7 +116,7 @@ class FileSource:
         """Bytes ``[start, end)``, from ``buf`` (which holds ``[base, ...)``) when it covers them."""
         if start >= base and end <= base + len(buf):
             return buf[start - base:end - base]
-        return self.fs.cat_file(path, start, end) if end > start else b""
+        return self.fs.cat_file(path, start=start, end=end) if end > start else b""
 
     def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
         """Yield ``({"line": ...}, offset, +1)`` for every line starting in ``[start, end)``."""

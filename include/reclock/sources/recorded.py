@@ -108,7 +108,7 @@ class RecordedSource:
             return self._records
         records: dict[Partition, tuple[list[int], list[str]]] = {}
         for path, size in listed:
-            text = self.fs.cat_file(path, 0, size) if size else b""
+            text = self.fs.cat_file(path, start=0, end=size) if size else b""
             complete = text[:text.rfind(b"\n") + 1]  # a partly written last line counts once complete
             for number, line in enumerate(complete.split(b"\n")[:-1], 1):
                 if not line.strip():

@@ -1,0 +1,262 @@
+"""The S3 paths against a local S3-compatible server (moto's, a subprocess on a free port).
+
+Everything except Spark (no S3A jars here): the ``files`` source over ``s3://`` (s3fs), the
+Delta warehouse on ``s3://`` (delta-rs with the storage options docker/sources.yaml uses for
+MinIO), publishing Parquet staged on S3, compaction and vacuum, and a pipeline tick.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from reclock.engine import Frontier, Remap, Update, reclock  # noqa: E402
+from reclock.sources.base import SourceError  # noqa: E402
+from reclock.sources.files import COMMITTED_NAME, FileSource  # noqa: E402
+from reclock.warehouse import SUCCESS, Warehouse  # noqa: E402
+
+BUCKET = "reclock-test"
+KEY, SECRET, REGION = "testing", "testing", "us-east-1"
+DATA = pa.schema([("value", pa.string())])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """``http://127.0.0.1:<port>`` of a moto S3 server with bucket ``BUCKET``, for the whole session."""
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    cmd = [server] if server else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {endpoint}")
+                time.sleep(0.1)
+        request = urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT")
+        urllib.request.urlopen(request, timeout=10).close()  # moto accepts unsigned requests
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A fresh key prefix per test (the bucket is shared by the session)."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def fsspec_options(endpoint: str) -> dict:
+    """s3fs options for the endpoint (FileSource's ``storage_options``)."""
+    return {"key": KEY, "secret": SECRET, "endpoint_url": endpoint, "client_kwargs": {"region_name": REGION}}
+
+
+def delta_options(endpoint: str) -> dict:
+    """deltalake options, spelled like docker/sources.yaml's for MinIO."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_REGION": REGION, "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}
+
+
+@pytest.fixture
+def s3fs_(s3_endpoint):
+    import s3fs
+
+    return s3fs.S3FileSystem(**fsspec_options(s3_endpoint), skip_instance_cache=True)
+
+
+# --- (a) the files source over s3:// ------------------------------------------------------------
+
+
+def lines(source: FileSource, key: str, start: int, end: int) -> list[tuple[str, int]]:
+    return [(r["line"], offset) for r, offset, _ in source.read(key, start, end)]
+
+
+def test_files_source_over_s3(s3_endpoint, s3fs_, prefix):
+    root = f"{BUCKET}/{prefix}/logs"
+    s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\nthr")  # partial last line
+    source = FileSource(f"s3://{root}", pattern="*.log", storage_options=fsspec_options(s3_endpoint))
+
+    assert source.upper() == Frontier.of({"a.log": 8})  # the partial line does not count
+    assert lines(source, "a.log", 0, 8) == [("one", 0), ("two", 4)]
+    assert lines(source, "a.log", 4, 8) == [("two", 4)]  # exact ranged read from the middle
+    assert lines(source, "a.log", 4, 5) == [("two", 4)]  # lines *starting* in the range
+    with pytest.raises(SourceError, match="not the start of a line"):
+        list(source.read("a.log", 5, 8))
+
+    # Objects are replaced whole on S3: "appending" is a new PUT of the longer content.
+    s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\nthree\n")
+    s3fs_.pipe_file(f"{root}/b.log", b"x\n")  # a new key appears later
+    s3fs_.pipe_file(f"{root}/ignored.txt", b"not matched\n")
+    assert source.upper() == Frontier.of({"a.log": 14, "b.log": 2})
+    assert lines(source, "a.log", 8, 14) == [("three", 8)]
+    assert lines(source, "b.log", 0, 2) == [("x", 0)]
+
+    assert source.committed() == Frontier()
+    source.commit(Frontier.of({"a.log": 8}))
+    assert s3fs_.exists(f"{root}/{COMMITTED_NAME}") and not s3fs_.exists(f"{root}/{COMMITTED_NAME}.tmp")
+    assert b'"a.log": 8' in s3fs_.cat_file(f"{root}/{COMMITTED_NAME}")
+    source.commit(Frontier.of({"b.log": 2}))  # joined with the last commit
+    fresh = FileSource(f"s3://{root}", pattern="*.log", storage_options=fsspec_options(s3_endpoint))
+    assert fresh.committed() == Frontier.of({"a.log": 8, "b.log": 2})
+    assert fresh.upper() == Frontier.of({"a.log": 14, "b.log": 2})  # the commit file is not a key
+
+    s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\n")  # shrank
+    with pytest.raises(SourceError, match="shrank"):
+        source.upper()
+
+
+def test_files_source_delete_committed_over_s3(s3_endpoint, s3fs_, prefix):
+    root = f"{BUCKET}/{prefix}/logs"
+    s3fs_.pipe_file(f"{root}/a.log", b"a\n")
+    s3fs_.pipe_file(f"{root}/b.log", b"b\nbb\n")
+    source = FileSource(f"s3://{root}", storage_options=fsspec_options(s3_endpoint), delete_committed=True)
+    source.commit(Frontier.of({"a.log": 2, "b.log": 2}))
+    assert not s3fs_.exists(f"{root}/a.log") and s3fs_.exists(f"{root}/b.log")
+    assert source.released() == Frontier.of({"a.log": 2, "b.log": 2})
+    assert source.upper() == Frontier.of({"a.log": 2, "b.log": 5})
+    with pytest.raises(SourceError, match="already released"):
+        list(source.read("a.log", 0, 2))
+
+
+# --- (b) the warehouse on s3:// --------------------------------------------------------------------
+
+
+def ticks(remap: Remap, *bindings: tuple[int, dict]) -> list[Remap]:
+    out = [remap]
+    for into_time, uppers in bindings:
+        out.append(out[-1].mint(into_time, Frontier.of(uppers)))
+    return out
+
+
+def as_rows(reclocked) -> list[dict]:
+    return [{"value": d, "partition": p, "offset": o, "into_time": t, "diff": diff} for d, p, o, t, diff in reclocked]
+
+
+def stage_on_s3(tables, s3fs_, upto: int, rows: list[dict]) -> str:
+    """Stage like a completed Spark job would (Parquet + _SUCCESS), written with pyarrow to S3."""
+    directory = tables.staging_dir(upto)  # s3a://bucket/...: the spelling Spark writes to
+    assert directory.startswith("s3a://")
+    path = directory[len("s3a://"):]
+    with s3fs_.open(f"{path}/part-00000.parquet", "wb") as f:
+        pq.write_table(pa.Table.from_pylist(rows, schema=tables.schemas["reclocked"]), f)
+    s3fs_.pipe_file(f"{path}/{SUCCESS}", b"")
+    return path
+
+
+def test_warehouse_on_s3(s3_endpoint, s3fs_, prefix):
+    root = f"s3://{BUCKET}/{prefix}/warehouse"
+    tables = Warehouse(root, delta_options(s3_endpoint)).source("orders", pa.int32(), DATA)
+    assert s3fs_.exists(f"{BUCKET}/{prefix}/warehouse/orders/remap/_delta_log/00000000000000000000.json")
+    # a second open finds the tables (mode="ignore") and checks their schema
+    tables = Warehouse(root + "/", delta_options(s3_endpoint)).source("orders", pa.int32(), DATA)
+
+    remaps = ticks(Remap(), (10, {0: 2}), (20, {0: 3, 1: 1}), (30, {0: 5, 1: 2}))
+    for before, after in zip(remaps, remaps[1:]):
+        assert tables.append_binding(before, after)
+    assert not tables.append_binding(remaps[1], remaps[2])  # idempotent retick
+    stored = tables.read_remap()
+    assert stored.upper == remaps[-1].upper and stored.frontier == remaps[-1].frontier
+    assert stored.at(20) == remaps[-1].at(20) and tables.remap_upper() == 31
+
+    updates = [Update("a", 0, 0), Update("b", 0, 1), Update("b", 0, 2, -1), Update("c", 1, 0),
+               Update("d", 0, 3), Update("e", 0, 4), Update("f", 1, 1)]
+    expected = as_rows(reclock(updates, remaps[-1]))
+    published: list[dict] = []
+    for lower, upto in ((0, 20), (21, 30)):
+        batch = [r for r in expected if lower <= r["into_time"] <= upto]
+        stage_on_s3(tables, s3fs_, upto, batch)
+        assert len(tables.read_staged(upto)) == len(batch)
+        assert tables.publish_staged(upto)
+        assert not tables.publish_staged(upto)  # idempotent
+        published += batch
+        got = tables.read_reclocked_arrow().to_pylist()
+        assert sorted(got, key=str) == sorted(published, key=str)
+    assert tables.reclocked_upper() == 31
+    assert all(f.startswith("s3a://") for f in tables.snapshot_files("reclocked"))
+
+    before = tables.read_reclocked_arrow()
+    tables.compact(20)
+    assert tables.since() == 20 and tables.read_remap().since == 20
+    after = tables.read_reclocked_arrow()
+    assert pc_min(after["into_time"]) == 20
+    assert _sums(after) == _sums(before)  # consolidation keeps every (record, offset)'s total diff
+    tables.compact(20)  # idempotent rerun (and vacuum with nothing left to delete)
+    # vacuum removed the files the compaction replaced: only the snapshot's files remain
+    live = {u.rsplit("/", 1)[-1] for u in tables.table("reclocked").file_uris()}
+    on_s3 = {p.rsplit("/", 1)[-1] for p in s3fs_.find(f"{BUCKET}/{prefix}/warehouse/orders/reclocked")
+             if p.endswith(".parquet")}
+    assert on_s3 == live
+
+
+def pc_min(column) -> int:
+    import pyarrow.compute as pc
+
+    return pc.min(column).as_py()
+
+
+def _sums(table: pa.Table) -> dict:
+    out: dict = {}
+    for r in table.to_pylist():
+        k = (r["value"], r["partition"], r["offset"])
+        out[k] = out.get(k, 0) + r["diff"]
+    return {k: v for k, v in out.items() if v}
+
+
+# --- (c) a pipeline tick with both on s3:// ---------------------------------------------------------
+
+
+def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path):
+    import yaml
+
+    from reclock import pipeline
+
+    logs = f"{BUCKET}/{prefix}/logs"
+    s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npart")
+    config = {
+        "warehouse": f"s3://{BUCKET}/{prefix}/warehouse",
+        "storage_options": delta_options(s3_endpoint),
+        "sources": [{"name": "logs", "kind": "files",
+                     "options": {"url": f"s3://{logs}", "pattern": "*.log",
+                                 "storage_options": fsspec_options(s3_endpoint)}}],
+    }
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    out = pipeline.tick("logs", str(path), now=100)
+    assert out["frontier"] == {"a.log": 8} and out["new_offsets"] == 8 and out["written"]
+    s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npartial\n")
+    out = pipeline.tick("logs", str(path), now=200)
+    assert out["frontier"] == {"a.log": 16} and out["new_offsets"] == 8
+    with pipeline.open_source("logs", str(path), connect=False) as ctx:
+        remap = ctx.tables.read_remap()
+    assert remap.upper == 201 and remap.at(150) == Frontier.of({"a.log": 8})
+    assert pipeline.resume("logs", str(path))["offsets"] == {}  # nothing published yet
