@@ -74,6 +74,14 @@ def run_type(dag_run) -> str:
     return str(getattr(dag_run.run_type, "value", dag_run.run_type))
 
 
+SECRET_WORDS = ("dsn", "password", "secret", "token", "key", "storage_options", "config")
+
+
+def shown_options(options: dict) -> dict:
+    """Source options for the DAG's description, with anything that may hold a credential masked."""
+    return {k: "***" if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in options.items()}
+
+
 def build_dag(config: Config, source: SourceConfig) -> DAG:
     name, config_path = source.name, str(config.path)
     with DAG(
@@ -84,9 +92,9 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
         max_active_runs=1,
         tags=["reclock"],
         doc_md=(f"### Reclock `{name}` ({source.kind})\n\n"
-                f"Reclocks `{name}` onto IntoTime and publishes Delta tables `{name}_remap` and "
-                f"`{name}_reclocked` under `{config.warehouse}`.\n\n"
-                f"* options: `{json.dumps(source.options, sort_keys=True)}`\n"
+                f"Reclocks `{name}` onto IntoTime and publishes the Delta tables `{name}/remap` and "
+                f"`{name}/reclocked` under `{config.warehouse}`.\n\n"
+                f"* options: `{json.dumps(shown_options(source.options), sort_keys=True)}`\n"
                 f"* schedule: `{source.schedule}`, IntoTime retention: {source.retention_ms} ms\n"
                 f"* Spark master: `{config.spark_master}`, config: `{config_path}`\n\n"
                 "tick (bind the source frontier) >> reclock (Spark stages the new records) >> check "

@@ -114,6 +114,12 @@ def test_schedule_and_dag_settings(parsed):
     assert "Reclock `clicks` (kafka)" in clicks["doc_md"] and '"topic": "clicks"' in clicks["doc_md"]
 
 
+def test_description_masks_credentials(parsed):
+    doc = parsed["pg_files"]["dags"]["reclock_pg"]["doc_md"]
+    assert '"dsn": "***"' in doc and "host=/nowhere" not in doc
+    assert '"slot": "reclock_pg"' in doc
+
+
 def test_spark_task(parsed):
     spark = parsed["good"]["dags"]["reclock_orders"]["spark"]
     assert Path(spark["application"]) == REPO / "spark_jobs" / "reclock_job.py"
