@@ -32,7 +32,7 @@ from reclock.checks import ChecksFailed
 from reclock.progress import collect
 from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
-from reclock.warehouse import SUCCESS
+from reclock.warehouse import SUCCESS, Warehouse
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -271,13 +271,13 @@ def test_check_log_round_trip(tmp_path):
     check_log.write(uri, {"success": False, "n": 2})
     assert check_log.read(uri) == {"success": False, "n": 2}
     assert os.listdir(uri) == [check_log.FILE_NAME]  # no temp file left behind
-    assert check_log.source_uri(str(tmp_path / "warehouse") + "/", "orders") == uri
-    assert check_log.source_uri("s3://bucket/wh/", "orders") == "s3://bucket/wh/orders"
+    assert Warehouse(str(tmp_path / "warehouse") + "/").source_uri("orders") == uri
+    assert Warehouse("s3://bucket/wh/").source_uri("orders") == "s3://bucket/wh/orders"
 
 
 def test_pipeline_check_records_results_before_raising(tmp_path):
     config = write_config(tmp_path)
-    uri = check_log.source_uri(str(tmp_path / "warehouse"), "events")
+    uri = Warehouse(str(tmp_path / "warehouse")).source_uri("events")
     run_ticks(config, 0, 3)
     assert stage_with_pyarrow("events", config) > 0
     before = pipeline.now_ms()

@@ -28,9 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterable, Iterator, Union
-
-from contextlib import contextmanager
+from typing import Iterable, Union
 
 log = logging.getLogger(__name__)
 
@@ -372,13 +370,6 @@ def produce_transaction(bootstrap: str, topic: str, records: Iterable[Record], p
     txn = Transaction(bootstrap, topic)
     txn.produce(records, partition)
     txn.commit() if commit else txn.abort()
-
-
-@contextmanager
-def local_broker(**kwargs) -> Iterator[LocalBroker]:
-    """``with local_broker() as b: ...`` - same as ``with LocalBroker(**kwargs) as b``."""
-    with LocalBroker(**kwargs) as broker:
-        yield broker
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow.fs as pafs
+
+from .clock import now_ms
 
 if TYPE_CHECKING:
     from .checks import CheckReport
@@ -38,19 +39,13 @@ VERSION = 1
 log = logging.getLogger("reclock")
 
 
-def source_uri(warehouse: str, name: str) -> str:
-    """Where source ``name``'s tables live (as :meth:`reclock.warehouse.Warehouse.source` spells it)."""
-    root = warehouse.rstrip("/") if "://" in warehouse else os.path.abspath(warehouse)
-    return f"{root}/{name}"
-
-
 def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, int] | None = None,
           remap_upper: int | None = None, checked_at: int | None = None) -> dict[str, Any]:
     """The JSON-able record of one check run."""
     return {
         "version": VERSION,
         "source": source,
-        "checked_at": checked_at if checked_at is not None else time.time_ns() // 1_000_000,
+        "checked_at": checked_at if checked_at is not None else now_ms(),
         "success": all(r.success for r in reports.values()),
         "window": list(window) if window is not None else None,
         "remap_upper": remap_upper,

@@ -8,13 +8,13 @@ Every function returns a small JSON-able dict (Airflow puts it in XCom).
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from .clock import now_ms
 from .config import SourceConfig, load_config
-from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .engine import Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .offsets import offset_type_of
 from .sources import build_source, source_class
 from .sources.base import Source, SourceError
@@ -60,14 +60,6 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True)
             source.close()
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def frontier_json(frontier: Frontier) -> dict[str, int]:
-    return {str(p): u for p, u in frontier}
-
-
 def tick(name: str, config_path: str | None = None, now: int | None = None) -> dict:
     """Bind the source's current upper frontier to IntoTime ``now`` (ms) in ``remap``."""
     with open_source(name, config_path) as ctx:
@@ -84,7 +76,7 @@ def tick(name: str, config_path: str | None = None, now: int | None = None) -> d
         written = ctx.tables.append_binding(remap, after)
         moved = sum(frontier.increments_from(remap.frontier).values())
         log.info("%s: tick at %d binds %s (+%d offsets)", name, into_time, frontier, moved)
-        return {"into_time": into_time, "frontier": frontier_json(frontier), "new_offsets": moved, "written": written}
+        return {"into_time": into_time, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
 
 
 def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
@@ -166,7 +158,7 @@ def resume(name: str, config_path: str | None = None) -> dict:
         if not committed.less_equal(offsets):
             offsets = offsets.join(committed)  # never move an upstream commit backwards
         ctx.source.commit(offsets)
-        return {"resume_at": resume_at, "offsets": frontier_json(offsets)}
+        return {"resume_at": resume_at, "offsets": offsets.as_json()}
 
 
 def compact(name: str, config_path: str | None = None, now: int | None = None) -> dict:

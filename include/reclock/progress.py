@@ -12,7 +12,6 @@ Upstreams are asked concurrently, so one that times out delays the page only onc
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,12 +22,13 @@ from . import check_log
 from .config import Config, ConfigError, load_config
 from .engine import Frontier
 from .sources import build_source
-from .warehouse import SourceTables
+from .clock import now_ms
+from .warehouse import SourceTables, Warehouse
 
 
 def collect(config_path: str | None = None, now: int | None = None, upstream: bool = True) -> dict[str, Any]:
     """``{"generated_at", "config", "warehouse", "error", "sources": [...]}`` for every configured source."""
-    now = now if now is not None else time.time_ns() // 1_000_000
+    now = now if now is not None else now_ms()
     try:
         config = load_config(config_path)
     except ConfigError as e:
@@ -43,7 +43,7 @@ def collect(config_path: str | None = None, now: int | None = None, upstream: bo
 def source_progress(config: Config, name: str, upstream: bool = True) -> dict[str, Any]:
     """Everything the view shows about one source; failures become error strings, never exceptions."""
     source_config = config.source(name)
-    uri = check_log.source_uri(config.warehouse, name)
+    uri = Warehouse(config.warehouse).source_uri(name)
     row: dict[str, Any] = {
         "source": name, "kind": source_config.kind, "uri": uri, "error": None, "tables": False,
         "since": None, "remap_upper": None, "reclocked_upper": None, "bound_frontier": {}, "progress": [],
@@ -60,7 +60,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
             first = remap.bindings[0].into_time if remap.bindings else remap.upper
             row.update(
                 tables=True, since=remap.since, remap_upper=remap.upper, reclocked_upper=reclocked_upper,
-                bound_frontier=_frontier_json(bound),
+                bound_frontier=bound.as_json(),
                 progress=[[r.into_time, r.partition, r.offset] for r in remap.progress()],
                 publish_lag_ms=max(0, remap.upper - max(reclocked_upper, first)))
     except Exception as e:  # noqa: BLE001 - shown on the page for this source only
@@ -76,8 +76,8 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
                 upper = source.upper()
             finally:
                 source.close()
-            lag = upper.increments_from(bound.meet(upper))
-            row.update(upstream_frontier=_frontier_json(upper), lag_offsets=sum(lag.values()),
+            lag = upper.ahead_of(bound)
+            row.update(upstream_frontier=upper.as_json(), lag_offsets=sum(lag.values()),
                        lag_by_partition={str(p): n for p, n in lag.items()})
         except Exception as e:  # noqa: BLE001
             row["upstream_error"] = f"upstream unreachable: {_describe(e)}"
@@ -94,10 +94,6 @@ def read_only_tables(uri: str, storage_options: dict | None = None) -> SourceTab
     schema = pa.schema(DeltaTable(f"{uri}/remap", storage_options=storage_options).schema().to_arrow())
     return SourceTables(uri, schema.field("partition").type, pa.schema([]), storage_options,
                         offset_type=schema.field("increment").type)
-
-
-def _frontier_json(frontier: Frontier) -> dict[str, int]:
-    return {str(p): u for p, u in frontier}
 
 
 def _describe(e: BaseException) -> str:

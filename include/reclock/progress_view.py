@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
+from .engine.frontier import partition_sort_key
+
 Point = tuple[int, int]  # (into_time ms, offset)
 
 WIDTH, HEIGHT = 760, 280
@@ -84,12 +86,6 @@ def partition_label(partition: Hashable) -> str:
 # --- the chart --------------------------------------------------------------------------------
 
 
-def _partition_key(partition: Hashable) -> tuple:
-    if isinstance(partition, int) and not isinstance(partition, bool):
-        return (0, partition, "")
-    return (1, 0, str(partition))
-
-
 def series(rows: Iterable[Sequence]) -> dict[Hashable, list[Point]]:
     """Progress rows ``(into_time, partition, offset)`` -> ``{partition: [(into_time, offset), ...]}``.
 
@@ -98,7 +94,7 @@ def series(rows: Iterable[Sequence]) -> dict[Hashable, list[Point]]:
     out: dict[Hashable, list[Point]] = {}
     for into_time, partition, offset in rows:
         out.setdefault(partition, []).append((int(into_time), int(offset)))
-    return {p: sorted(out[p]) for p in sorted(out, key=_partition_key)}
+    return {p: sorted(out[p]) for p in sorted(out, key=partition_sort_key)}
 
 
 def downsample(points: Sequence[Point], max_points: int = MAX_POINTS) -> list[Point]:

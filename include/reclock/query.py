@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import offsets
 from .config import Config, load_config
-from .engine import RemapError
+from .engine import RemapError, timestamp_resumption_frontier
 from .pipeline import open_source
 
 
@@ -34,10 +34,14 @@ class Readable:
             raise QueryError(f"{self.name}: AS OF {t} is not complete yet; {self.name} is complete below {self.upper}")
 
 
+def _window(name: str, tables, remap) -> Readable:
+    """What ``tables`` can answer now: from ``since`` up to the meet of the remap and reclocked uppers."""
+    return Readable(name, tables.since(), timestamp_resumption_frontier(remap.upper, tables.reclocked_upper()))
+
+
 def readable(name: str, config_path: str | None = None) -> Readable:
     with open_source(name, config_path, connect=False) as ctx:
-        remap = ctx.tables.read_remap()
-        return Readable(name, ctx.tables.since(), min(remap.upper, ctx.tables.reclocked_upper()))
+        return _window(name, ctx.tables, ctx.tables.read_remap())
 
 
 def common_readable(names: list[str], config_path: str | None = None) -> tuple[int, int]:
@@ -55,7 +59,7 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
     for name in names or list(config.sources):
         with open_source(name, config_path, connect=False) as ctx:
             remap = ctx.tables.read_remap()
-            window = Readable(name, ctx.tables.since(), min(remap.upper, ctx.tables.reclocked_upper()))
+            window = _window(name, ctx.tables, remap)
             window.check(t)
             df = ctx.tables.read_reclocked_spark(spark)
             if ctx.tables.since() > t:  # compaction raced with this read

@@ -14,7 +14,6 @@ def status(config_path: str | None = None) -> list[dict]:
             upstream = ctx.source.upper()
             rows.append({"source": name, "since": ctx.tables.since(), "remap_upper": remap.upper,
                          "reclocked_upper": ctx.tables.reclocked_upper(),
-                         "bound_frontier": pipeline.frontier_json(remap.frontier),
-                         "upstream_frontier": pipeline.frontier_json(upstream),
-                         "lag_offsets": sum(upstream.increments_from(remap.frontier.meet(upstream)).values())})
+                         "bound_frontier": remap.frontier.as_json(), "upstream_frontier": upstream.as_json(),
+                         "lag_offsets": sum(upstream.ahead_of(remap.frontier).values())})
     return rows

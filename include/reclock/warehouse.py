@@ -73,10 +73,14 @@ class Warehouse:
         self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
         self.storage_options = storage_options
 
+    def source_uri(self, name: str) -> str:
+        """Where source ``name``'s tables (and its last check record) live."""
+        return f"{self.root}/{name}"
+
     def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
                offset_type: pa.DataType = offsets.INT64) -> "SourceTables":
         """The tables of source ``name``, created on first use (schema checked otherwise)."""
-        tables = SourceTables(f"{self.root}/{name}", partition_type, data_schema, self.storage_options,
+        tables = SourceTables(self.source_uri(name), partition_type, data_schema, self.storage_options,
                               offset_type=offset_type)
         tables.create_if_absent()
         return tables
@@ -187,7 +191,7 @@ class SourceTables:
         return self._spark_path(self._new_attempt(upto))
 
     def _new_attempt(self, upto: int) -> str:
-        return f"{_upto_dir(upto)}/{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:8]}"
+        return _attempt_dir(_upto_dir(upto))
 
     def _spark_path(self, relative: str) -> str:
         return f"{_spark_uri(self.table_uri('reclocked'))}/{relative}"
@@ -273,7 +277,7 @@ class SourceTables:
         then deleted, so the rows never all sit in driver memory. The commit carries no app transaction, so
         ``reclocked_upper`` stays what it was. Returns the number of rows written.
         """
-        attempt = f"replay/{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:8]}"
+        attempt = _attempt_dir("replay")
         schema = self.schemas["reclocked"]
         df.select(*schema.names).write.parquet(self._spark_path(attempt))
         fs = self._fs("reclocked")
@@ -388,6 +392,11 @@ def _parquet_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
 def _footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
     with fs.open_input_file(path) as f:
         return pq.read_metadata(f)
+
+
+def _attempt_dir(parent: str) -> str:
+    """A new, unique directory under ``parent`` for one Spark write (ordered by creation time)."""
+    return f"{parent}/{time.time_ns() // 1_000_000:013d}-{uuid.uuid4().hex[:8]}"
 
 
 def _upto_dir(upto: int) -> str:

@@ -48,7 +48,7 @@ class Frontier:
             if partition in merged:
                 raise FrontierError(f"partition {partition!r} given twice")
             merged[partition] = upper
-        return cls(tuple(sorted(((p, u) for p, u in merged.items() if u), key=_partition_key)))
+        return cls(tuple(sorted(((p, u) for p, u in merged.items() if u), key=lambda i: partition_sort_key(i[0]))))
 
     def __getitem__(self, partition: Partition) -> int:
         return self._by_partition.get(partition, 0)
@@ -96,6 +96,14 @@ class Frontier:
             raise FrontierError(f"frontier went backwards (partition: (before, after)) {back}")
         return {p: u - earlier[p] for p, u in self.uppers if u != earlier[p]}
 
+    def ahead_of(self, other: "Frontier") -> dict[Partition, int]:
+        """Per partition, how far ``self`` is beyond ``other`` (e.g. upstream's lag over what is bound)."""
+        return {p: u - other[p] for p, u in self.uppers if u > other[p]}
+
+    def as_json(self) -> dict[str, int]:
+        """``{str(partition): upper}``, for JSON and XCom."""
+        return {str(p): u for p, u in self.uppers}
+
     def advanced_by(self, increments: Mapping[Partition, int]) -> "Frontier":
         merged = self.as_dict()
         for p, inc in increments.items():
@@ -106,9 +114,11 @@ class Frontier:
         return "{" + ", ".join(f"{p}: {u}" for p, u in self.uppers) + "}"
 
 
-def _partition_key(item: tuple[Partition, int]) -> tuple[str, str]:
-    partition = item[0]
-    return (type(partition).__name__, f"{partition:020d}" if isinstance(partition, int) else str(partition))
+def partition_sort_key(partition: Partition) -> tuple:
+    """How partitions are ordered wherever they are listed: ints numerically, then the others by name."""
+    if isinstance(partition, int) and not isinstance(partition, bool):
+        return (0, partition, "")
+    return (1, 0, str(partition))
 
 
 # --- General antichains over partial orders (used where times are explicit, e.g. CDC v2) ---
