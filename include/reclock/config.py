@@ -75,18 +75,17 @@ class Config:
     transactions: dict[str, TransactionsConfig] = field(default_factory=dict)
 
     def source(self, name: str) -> SourceConfig:
-        try:
-            return self.sources[name]
-        except KeyError:
-            known = ", ".join(self.sources) or "none"
-            raise ConfigError(f"{self.path}: no source named {name!r} (known: {known})") from None
+        return self._named(self.sources, name, "source named")
 
     def transaction(self, name: str) -> TransactionsConfig:
+        return self._named(self.transactions, name, "transactions entry named")
+
+    def _named(self, entries: dict, name: str, what: str):
         try:
-            return self.transactions[name]
+            return entries[name]
         except KeyError:
-            known = ", ".join(self.transactions) or "none"
-            raise ConfigError(f"{self.path}: no transactions entry named {name!r} (known: {known})") from None
+            known = ", ".join(entries) or "none"
+            raise ConfigError(f"{self.path}: no {what} {name!r} (known: {known})") from None
 
 
 def config_path(path: str | os.PathLike | None = None) -> Path:
@@ -156,21 +155,12 @@ def _parse(r: _Reader, raw: Any) -> Config:
     spark = r.mapping(top.get("spark"), "spark", _SPARK_KEYS)
     warehouse = os.environ.get("RECLOCK_WAREHOUSE") or r.string(top.get("warehouse"), "warehouse")
     base = Path.cwd() if os.environ.get("RECLOCK_WAREHOUSE") else r.path.parent.parent
-    sources: dict[str, SourceConfig] = {}
     entries = top.get("sources")
     if not isinstance(entries, list) or not entries:
         raise r.fail("sources", "must be a non-empty list of sources")
-    for i, entry in enumerate(entries):
-        source = _parse_source(r, entry, f"sources[{i}]")
-        if source.name in sources:
-            raise r.fail(f"sources[{i}].name", f"duplicate source name {source.name!r}")
-        sources[source.name] = source
-    transactions: dict[str, TransactionsConfig] = {}
-    for i, entry in enumerate(top.get("transactions") or []):
-        txn = _parse_transactions(r, entry, f"transactions[{i}]", sources)
-        if txn.name in transactions:
-            raise r.fail(f"transactions[{i}].name", f"duplicate transactions name {txn.name!r}")
-        transactions[txn.name] = txn
+    sources = _named_entries(r, entries, "sources", "source", _parse_source)
+    transactions = _named_entries(r, top.get("transactions") or [], "transactions", "transactions",
+                                  lambda r, entry, where: _parse_transactions(r, entry, where, sources))
     return Config(
         warehouse=warehouse if "://" in warehouse else str((base / warehouse).resolve()),
         storage_options=_strings(r.mapping(top.get("storage_options"), "storage_options")),
@@ -183,11 +173,29 @@ def _parse(r: _Reader, raw: Any) -> Config:
     )
 
 
-def _parse_transactions(r: _Reader, entry: Any, where: str, sources: dict[str, SourceConfig]) -> TransactionsConfig:
-    entry = r.mapping(entry, where, _TRANSACTIONS_KEYS)
+def _named_entries(r: _Reader, entries: list, key: str, what: str, parse) -> dict:
+    """``{name: parse(r, entry, where)}`` of a list of named entries; duplicate names are refused."""
+    if not isinstance(entries, list):
+        raise r.fail(key, f"must be a list, got {type(entries).__name__}")
+    parsed: dict = {}
+    for i, entry in enumerate(entries):
+        item = parse(r, entry, f"{key}[{i}]")
+        if item.name in parsed:
+            raise r.fail(f"{key}[{i}].name", f"duplicate {what} name {item.name!r}")
+        parsed[item.name] = item
+    return parsed
+
+
+def _name(r: _Reader, entry: dict, where: str) -> str:
     name = entry.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise r.fail(f"{where}.name", f"must match [a-z][a-z0-9_]*, got {name!r}")
+    return name
+
+
+def _parse_transactions(r: _Reader, entry: Any, where: str, sources: dict[str, SourceConfig]) -> TransactionsConfig:
+    entry = r.mapping(entry, where, _TRANSACTIONS_KEYS)
+    name = _name(r, entry, where)
     where = f"{where} ({name})"
     for key in ("data_source", "tx_source"):
         source = sources.get(entry.get(key))
@@ -202,9 +210,7 @@ def _parse_transactions(r: _Reader, entry: Any, where: str, sources: dict[str, S
 
 def _parse_source(r: _Reader, entry: Any, where: str) -> SourceConfig:
     entry = r.mapping(entry, where, _SOURCE_KEYS)
-    name = entry.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise r.fail(f"{where}.name", f"must match [a-z][a-z0-9_]*, got {name!r}")
+    name = _name(r, entry, where)
     where = f"{where} ({name})"
     kind = entry.get("kind")
     if source_kind(kind) is None:

@@ -1,11 +1,13 @@
 """What every upstream source offers reclock: its upper frontier, exact reads by offset range, upstream commit."""
 from __future__ import annotations
 
+import json
+import posixpath
 from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
 
-from ..engine import Frontier, Partition
+from ..engine import Frontier, FrontierError, Partition
 
 
 class SourceError(RuntimeError):
@@ -57,3 +59,25 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+
+
+COMMITTED_NAME = "_reclock_committed.json"
+
+
+def read_committed(fs, path: str) -> Frontier:
+    """The frontier a file-backed source committed to ``path`` on fsspec filesystem ``fs`` (empty before any)."""
+    try:
+        return Frontier.of(json.loads(fs.cat_file(path))["committed"])  # {key: upper} or [[partition, upper]]
+    except FileNotFoundError:
+        return Frontier()
+    except (ValueError, KeyError, TypeError, AttributeError, FrontierError) as e:
+        raise SourceError(f"unreadable commit file {path}: {e}") from e
+
+
+def write_committed(fs, path: str, committed: dict | list) -> None:
+    """Replace the commit file at ``path`` with ``committed`` (``{key: upper}``, or ``[[partition, upper]]``
+    where partitions are not strings): written aside, then renamed (one PUT on object stores)."""
+    tmp = path + ".tmp"
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    fs.pipe_file(tmp, json.dumps({"version": 1, "committed": committed}, sort_keys=True).encode())
+    fs.mv(tmp, path)

@@ -15,16 +15,14 @@ objects wholly below the committed frontier are deleted, and reads there fail.
 from __future__ import annotations
 
 import fnmatch
-import json
 import posixpath
 from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
-from .base import SourceError, check_range
+from .base import COMMITTED_NAME, SourceError, check_range, read_committed, write_committed
 
-COMMITTED_NAME = "_reclock_committed.json"
 _SCAN = 64 * 1024  # backward scan step when looking for the last newline
 _BLOCK = 1 << 20  # forward read step
 _TAIL = 64  # bytes before a key's upper remembered to detect rewrites
@@ -161,12 +159,7 @@ class FileSource:
 
     def committed(self) -> Frontier:
         """The frontier recorded by :meth:`commit` (empty before the first commit)."""
-        try:
-            return Frontier.of(json.loads(self.fs.cat_file(self.committed_path))["committed"])
-        except FileNotFoundError:
-            return Frontier()
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise SourceError(f"unreadable commit file {self.committed_path}: {e}") from e
+        return read_committed(self.fs, self.committed_path)
 
     def released(self) -> Frontier:
         """The committed frontier when committed objects are deleted, else nothing (every line stays readable)."""
@@ -177,11 +170,7 @@ class FileSource:
         merged, current = self.committed().join(frontier), self.upper()
         if not merged.less_equal(current) or not all(isinstance(p, str) for p in frontier.partitions):
             raise SourceError(f"cannot commit {frontier}: keys must be strings, uppers within {current}")
-        data = json.dumps({"version": 1, "committed": merged.as_dict()}, sort_keys=True).encode()
-        tmp = self.committed_path + ".tmp"
-        self.fs.makedirs(posixpath.dirname(self.committed_path), exist_ok=True)
-        self.fs.pipe_file(tmp, data)
-        self.fs.mv(tmp, self.committed_path)  # atomic rename locally, one PUT on object stores
+        write_committed(self.fs, self.committed_path, merged.as_dict())
         if self.delete_committed:
             for key, size in self._listing().items():
                 if 0 < size <= merged[key]:

@@ -36,10 +36,9 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from .. import offsets
-from ..engine import Frontier, FrontierError, Partition
-from .base import SourceError
+from ..engine import Frontier, Partition
+from .base import COMMITTED_NAME, SourceError, check_range, read_committed, write_committed
 
-COMMITTED_NAME = "_reclock_committed.json"
 GAUGES = ("kinesis", "pubnub", "generic")
 U32_MAX = 2 ** 32 - 1
 _DECIMAL = re.compile(r"0|[1-9][0-9]*", re.ASCII)
@@ -168,11 +167,7 @@ class RecordedSource:
 
     def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
         """Yield ``({"data": ...}, offset, +1)`` for every record of ``partition`` with ``start <= offset < end``."""
-        for name, value in (("start", start), ("end", end)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SourceError(f"{name} offset must be an int >= 0, got {value!r}")
-        if end < start:
-            raise SourceError(f"range end {end} is before start {start}")
+        check_range(start, end)
         records = self._load()
         if end > self._upper[partition]:
             raise SourceError(f"{self.url}: range [{start}, {end}) of partition {partition!r} is beyond the "
@@ -183,13 +178,7 @@ class RecordedSource:
 
     def committed(self) -> Frontier:
         """The frontier recorded by :meth:`commit` (empty before the first commit)."""
-        try:
-            pairs = json.loads(self.fs.cat_file(self.committed_path))["committed"]
-            return Frontier.of((p, u) for p, u in pairs)
-        except FileNotFoundError:
-            return Frontier()
-        except (ValueError, KeyError, TypeError, FrontierError) as e:
-            raise SourceError(f"unreadable commit file {self.committed_path}: {e}") from e
+        return read_committed(self.fs, self.committed_path)
 
     def released(self) -> Frontier:
         """Nothing: the recording keeps every record."""
@@ -201,11 +190,7 @@ class RecordedSource:
         if not merged.less_equal(current):
             raise SourceError(f"cannot commit {frontier}: beyond the recorded upper {current}")
         # [partition, upper] pairs: JSON object keys would turn int regions into strings.
-        data = json.dumps({"version": 1, "committed": [[p, u] for p, u in merged]}).encode()
-        tmp = self.committed_path + ".tmp"
-        self.fs.makedirs(posixpath.dirname(self.committed_path), exist_ok=True)
-        self.fs.pipe_file(tmp, data)
-        self.fs.mv(tmp, self.committed_path)
+        write_committed(self.fs, self.committed_path, [[p, u] for p, u in merged])
 
     def close(self) -> None:
         """Nothing to release."""
