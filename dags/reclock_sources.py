@@ -1,4 +1,4 @@
-"""One Airflow DAG per source in the reclock config (``$RECLOCK_CONFIG`` or ``include/sources.yaml``).
+"""The Airflow DAGs of the reclock config (``$RECLOCK_CONFIG`` or ``include/sources.yaml``).
 
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
@@ -14,6 +14,9 @@ default for cron strings, would give empty ones).  Airflow starts backfill runs 
 DAGs, and an unpaused periodic DAG also gets scheduled runs: those (and manual runs) replay
 nothing, a short circuit skips them.  A backfill of ``reclock_<name>`` (possible when the source has a
 schedule) fails at its tick, pointing here: it would tick now instead of replaying its interval.
+
+``reclock_txn_<name>`` (one per ``transactions`` entry): publishes the complete Debezium transactions of
+two reclocked Kafka sources (``reclock.transactions``).
 
 The Spark task uses the connection ``reclock_spark``.  Unless the environment already defines
 ``AIRFLOW_CONN_RECLOCK_SPARK`` itself, this file defines it from the config's ``spark.master``
@@ -35,7 +38,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from reclock.config import Config, ConfigError, SourceConfig, load_config
+from reclock.config import Config, ConfigError, SourceConfig, TransactionsConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_JOB = REPO / "spark_jobs" / "reclock_job.py"
@@ -82,15 +85,25 @@ def shown_options(options: dict) -> dict:
     return {k: "***" if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in options.items()}
 
 
+def reclock_dag(dag_id: str, schedule, start_date, doc_md: str, tags: tuple[str, ...] = (), **kwargs) -> DAG:
+    """A reclock DAG: one run at a time, no catch-up (every step works from durable state, not dates)."""
+    return DAG(dag_id=dag_id, schedule=schedule, start_date=start_date, catchup=False, max_active_runs=1,
+               tags=["reclock", *tags], doc_md=doc_md, **kwargs)
+
+
+def pipeline_task(step: str, name: str, config_path: str):
+    """A task running ``reclock.pipeline.<step>`` for source ``name`` (imported when it runs, not at parse)."""
+    @task(task_id=step)
+    def run() -> dict:
+        from reclock import pipeline
+        return getattr(pipeline, step)(name, config_path)
+    return run()
+
+
 def build_dag(config: Config, source: SourceConfig) -> DAG:
     name, config_path = source.name, str(config.path)
-    with DAG(
-        dag_id=f"reclock_{name}",
-        schedule=source.schedule,
-        start_date=source.start_date,
-        catchup=False,
-        max_active_runs=1,
-        tags=["reclock"],
+    with reclock_dag(
+        f"reclock_{name}", source.schedule, source.start_date,
         doc_md=(f"### Reclock `{name}` ({source.kind})\n\n"
                 f"Reclocks `{name}` onto IntoTime and publishes the Delta tables `{name}/remap` and "
                 f"`{name}/reclocked` under `{config.warehouse}`.\n\n"
@@ -100,7 +113,6 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 "tick (bind the source frontier) >> reclock (Spark stages the new records) >> check "
                 "(Great Expectations) >> publish >> resume (commit offsets upstream) >> compact"),
     ) as dag:
-        # reclock.pipeline is imported when a task runs, not when the DAG file is parsed.
         @task
         def tick(dag_run=None) -> dict:
             if run_type(dag_run) == "backfill":  # only possible with a schedule; it would tick now
@@ -109,28 +121,9 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
             from reclock import pipeline
             return pipeline.tick(name, config_path)
 
-        @task
-        def check() -> dict:
-            from reclock import pipeline
-            return pipeline.check(name, config_path)
-
-        @task
-        def publish() -> dict:
-            from reclock import pipeline
-            return pipeline.publish(name, config_path)
-
-        @task
-        def resume() -> dict:
-            from reclock import pipeline
-            return pipeline.resume(name, config_path)
-
-        @task
-        def compact() -> dict:
-            from reclock import pipeline
-            return pipeline.compact(name, config_path)
-
-        stage = SparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source))
-        tick() >> stage >> check() >> publish() >> resume() >> compact()
+        previous = tick() >> SparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source))
+        for step in ("check", "publish", "resume", "compact"):
+            previous = previous >> pipeline_task(step, name, config_path)
     return dag
 
 
@@ -141,13 +134,9 @@ def _ms(field: str) -> str:
 def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
     """``reclock_backfill_<name>``: backfill runs replay their data interval's IntoTimes (see the module doc)."""
     name = source.name
-    with DAG(
-        dag_id=f"reclock_backfill_{name}",
-        schedule=CronDataIntervalTimetable(BACKFILL_SCHEDULE, timezone="UTC"),
-        start_date=BACKFILL_START,
-        catchup=False,
-        max_active_runs=1,
-        tags=["reclock", "backfill"],
+    with reclock_dag(
+        f"reclock_backfill_{name}", CronDataIntervalTimetable(BACKFILL_SCHEDULE, timezone="UTC"), BACKFILL_START,
+        tags=("backfill",),
         params={"backfill_mode": Param("verify", enum=["verify", "repair"],
                                        description="verify: compare the replay with the published rows; "
                                                    "repair: also rewrite the window's rows if they differ")},
@@ -173,19 +162,42 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
     return dag
 
 
+def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
+    """``reclock_txn_<name>``: publish the complete Debezium transactions of two reclocked Kafka sources."""
+    config_path = str(config.path)
+    with reclock_dag(
+        f"reclock_txn_{txn.name}", txn.schedule, txn.start_date,
+        doc_md=(f"### Debezium transactions `{txn.name}`\n\nData source `{txn.data_source}`, transaction "
+                f"source `{txn.tx_source}`; writes `{txn.name}_txn_output` and `{txn.name}_txn_temp` under "
+                f"`{config.warehouse}`. A transaction is published once complete and after every earlier one. "
+                "Each run processes every IntoTime both sources have published."),
+    ) as dag:
+        @task
+        def publish_transactions() -> dict:
+            from reclock.transactions import publish_transactions
+            return publish_transactions(txn.name, txn.data_source, txn.tx_source, config_path)
+
+        publish_transactions()
+    return dag
+
+
 def build_all(config: Config) -> dict[str, DAG]:
     define_spark_connection(config.spark_master)
+    builders = [(f"source {source.name}", source.schedule, (build_dag, build_backfill_dag), source)
+                for source in config.sources.values()]
+    builders += [(f"transactions {txn.name}", txn.schedule, (build_transactions_dag,), txn)
+                 for txn in config.transactions.values()]
     dags = {}
-    for source in config.sources.values():
+    for label, schedule, build_fns, entry in builders:
         try:
-            for built in (build_dag(config, source), build_backfill_dag(config, source)):
+            for build in build_fns:
+                built = build(config, entry)
                 if built.dag_id in dags:  # e.g. sources "backfill_x" and "x"
                     raise ValueError(f"DAG id {built.dag_id} is already another source's DAG; rename a source")
-                built.validate()  # Airflow would only check the schedule later, without naming the source
+                built.validate()  # Airflow would only check the schedule later, without naming the entry
                 dags[built.dag_id] = built
-        except Exception as e:  # e.g. an invalid cron string: say which source and file
-            raise ConfigError(f"{config.path}: source {source.name}: cannot build its DAG "
-                              f"(schedule {source.schedule!r}): {e}") from e
+        except Exception as e:  # e.g. an invalid cron string: say which entry and file
+            raise ConfigError(f"{config.path}: {label}: cannot build its DAG (schedule {schedule!r}): {e}") from e
     return dags
 
 
