@@ -17,7 +17,7 @@ $(STAMP): requirements.txt pyproject.toml include/system-packages.sh
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -m reclock.demo
+	$(BIN)/python -m devtools.demo
 
 test: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from reclock import pipeline
-from reclock.broker import LocalBroker, create_topic
+from devtools.kafka_broker import LocalBroker, create_topic
 
 QUIET = logging.getLogger("reclock.bench.librdkafka")
 T0 = 1_700_000_000_000  # synthetic IntoTimes (ms): every source ticks at T0 + i * 1000

@@ -39,6 +39,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import Config, ConfigError, SourceConfig, TransactionsConfig, load_config
+from reclock.spark_session import session_conf
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_JOB = REPO / "spark_jobs" / "reclock_job.py"
@@ -57,7 +58,12 @@ def define_spark_connection(master: str) -> None:
 
 
 def spark_submit_args(config: Config, source: SourceConfig) -> dict:
-    """SparkSubmitOperator arguments: this venv's spark-submit and Python for local/standalone masters."""
+    """SparkSubmitOperator arguments: this venv's spark-submit and Python for local/standalone masters.
+
+    ``conf`` starts from :func:`reclock.spark_session.session_conf`: its ``spark.jars`` (delta-spark,
+    spark-sql-kafka) must reach spark-submit, since a session built inside the job comes too late to
+    put jars on the driver's classpath; the sources file's ``spark_conf`` overrides it.
+    """
     bin_dir = Path(sys.executable).parent  # the venv's bin, not resolved through the python symlink
     same_python = config.spark_master.startswith(("local", "spark://"))
     return {
@@ -68,7 +74,8 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
         "spark_binary": str(bin_dir / "spark-submit") if (bin_dir / "spark-submit").exists() else "spark-submit",
         # pip's spark-submit finds SPARK_HOME by running $PYSPARK_PYTHON (default: python3 on PATH).
         "env_vars": {"PYSPARK_PYTHON": sys.executable} if same_python else None,
-        "conf": {**({"spark.pyspark.python": sys.executable} if same_python else {}), **config.spark_conf},
+        "conf": {**session_conf(), **({"spark.pyspark.python": sys.executable} if same_python else {}),
+                 **config.spark_conf},
     }
 
 

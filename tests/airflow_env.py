@@ -33,8 +33,8 @@ import signal
 import subprocess
 import urllib.request
 
-from reclock import airflow_home
-from reclock.airflow_home import DAGS_FOLDER, PYTHON, REPO, run  # noqa: F401  (re-exported for tests)
+from devtools import airflow_home
+from devtools.airflow_home import DAGS_FOLDER, PYTHON, REPO, run  # noqa: F401  (re-exported for tests)
 
 _MARK = "RECLOCK_AIRFLOW_RESULT "
 

@@ -3,17 +3,32 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 
 import pytest
 
 
 @pytest.fixture(scope="session")
 def kafka_broker():
-    """Bootstrap string ``host:port`` of a local noida-db Kafka broker, one per test session."""
-    from reclock.broker import LocalBroker
+    """Bootstrap string ``host:port`` of a local Apache Kafka broker (KRaft), one per test session."""
+    from devtools.kafka_broker import LocalBroker
 
     with LocalBroker() as broker:
         yield broker.bootstrap
+
+
+@pytest.fixture
+def kafka_topic(kafka_broker):
+    """Factory: ``kafka_topic(partitions=1, prefix="t")`` creates a fresh topic on the session broker
+    and returns its name."""
+    from devtools.kafka_broker import create_topic
+
+    def make(partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        create_topic(kafka_broker, name, partitions=partitions)
+        return name
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
-"""The ``pg_cluster`` fixture: a private Postgres cluster for the session (``reclock.pg_cluster``)."""
+"""The ``pg_cluster`` fixture: a private Postgres cluster for the session (``devtools.pg_cluster``)."""
 from __future__ import annotations
 
 import pytest
 
-from reclock.pg_cluster import PgCluster, pg_bin_dir
+from devtools.pg_cluster import PgCluster, pg_bin_dir
 
 __all__ = ["PgCluster", "pg_bin_dir", "pg_cluster"]
 

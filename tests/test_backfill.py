@@ -17,10 +17,10 @@ from airflow_env import DAGS_FOLDER, airflow_env, http_ok, prepare_home, run, ru
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 
 from reclock import pipeline
-from reclock.airflow_home import AIRFLOW
+from devtools.airflow_home import AIRFLOW
 from reclock import cli
 from reclock.backfill import BackfillError, replay, window_of_interval
-from reclock.broker import create_topic, delete_records, free_port, produce
+from devtools.kafka_broker import create_topic, delete_records, free_port, produce
 from reclock.engine import Frontier
 from test_pipeline import reclocked_rows, write_config
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from reclock import cli, pipeline
-from reclock.broker import create_topic, produce
+from devtools.kafka_broker import create_topic, produce
 from reclock.engine import Frontier
 from reclock.engine.cdcv2 import Decoder, encode, from_json, to_json
 from reclock.engine.frontier import Antichain

@@ -128,7 +128,10 @@ def test_spark_task(parsed):
     assert spark["master"] == "local[1]"  # the connection follows the config's spark.master
     assert spark["binary"] == str(Path(PYTHON).parent / "spark-submit")
     assert spark["env_vars"] == {"PYSPARK_PYTHON": PYTHON}
-    assert spark["conf"] == {"spark.pyspark.python": PYTHON, "spark.ui.enabled": "false"}
+    # Every session setting, jars included (Spark's Kafka source, Delta), then the config's spark.conf.
+    from reclock.spark_session import session_conf
+
+    assert spark["conf"] == {**session_conf(), "spark.pyspark.python": PYTHON, "spark.ui.enabled": "false"}
 
 
 @pytest.mark.parametrize("case, message", [

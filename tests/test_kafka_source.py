@@ -1,4 +1,4 @@
-"""KafkaSource against a real Kafka-protocol broker (noida-db)."""
+"""KafkaSource against a real Apache Kafka broker (KRaft, devtools.kafka_broker)."""
 from __future__ import annotations
 
 import pickle
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from reclock.broker import (BrokerError, LocalBroker, Transaction, add_partitions, create_topic, delete_records,
+from devtools.kafka_broker import (BrokerError, LocalBroker, Transaction, add_partitions, create_topic, delete_records,
                             produce, produce_transaction)
 from reclock.engine import Frontier
 from reclock.sources import build_source
@@ -22,11 +22,9 @@ def _name(prefix: str) -> str:
 
 
 @pytest.fixture
-def topic2(kafka_broker):
+def topic2(kafka_topic):
     """A fresh topic with two partitions."""
-    name = _name("t")
-    create_topic(kafka_broker, name, partitions=2)
-    return name
+    return kafka_topic(partitions=2)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from reclock import pipeline
-from reclock.broker import add_partitions, create_topic, produce
+from devtools.kafka_broker import add_partitions, create_topic, produce
 from reclock.engine import Frontier, RemapError
 from reclock.query import QueryError, readable, register_as_of
 

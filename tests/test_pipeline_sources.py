@@ -17,7 +17,7 @@ import yaml
 
 from pg_cluster import pg_cluster  # noqa: F401  (session fixture)
 from reclock import pipeline
-from reclock.broker import create_topic, produce
+from devtools.kafka_broker import create_topic, produce
 from reclock.query import readable, register_as_of
 from reclock.sources.base import SourceError
 from reclock.warehouse import WarehouseError

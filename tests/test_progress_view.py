@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_env import REPO, http_ok, prepare_home, stop_group
-from reclock.broker import free_port
+from devtools.kafka_broker import free_port
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from reclock import check_log, pipeline
 from reclock.checks import ChecksFailed

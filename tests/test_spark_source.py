@@ -1,31 +1,37 @@
-"""The "reclock" PySpark data source reading offset ranges of a Kafka topic."""
+"""Reading offset ranges into Spark: Kafka through Spark's Kafka source, and the "reclock" Python data source."""
 from __future__ import annotations
 
-import uuid
+import time
 from collections import Counter
 
 import pytest
 from hypothesis import given, strategies as st
 
-from reclock.broker import create_topic, produce, produce_transaction
-from reclock.engine import Range
+from devtools.kafka_broker import Transaction, add_partitions, delete_records, produce, produce_transaction
+from reclock import spark_source
+from reclock.engine import Frontier, Range, Remap, reclock
+from reclock.sources import build_source
 from reclock.sources.base import SourceError
-from reclock.spark_source import read_ranges, segments
+from reclock.sources.kafka import partition_spans, spark_client_options, spark_range_rows
+from reclock.spark_source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
 
 pytestmark = pytest.mark.slow
 
 
+def kafka_spec_of(kafka_broker: str, topic: str, **extra) -> dict:
+    return {"kind": "kafka", "bootstrap_servers": kafka_broker, "topic": topic, "group_id": f"g-{topic}",
+            "timeout_s": 5, **extra}
+
+
 @pytest.fixture
-def kafka_spec(kafka_broker):
-    topic = f"s-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_broker, topic, partitions=2)
+def kafka_spec(kafka_broker, kafka_topic):
+    topic = kafka_topic(partitions=2, prefix="s")
     produce(kafka_broker, topic, [(f"a{i}", f"x{i}") for i in range(5)], partition=0)  # 0..4
     produce_transaction(kafka_broker, topic, ["aborted"], partition=0, commit=False)  # 5 + marker 6
     produce(kafka_broker, topic, ["x7"], partition=0)  # 7
     produce(kafka_broker, topic, [(f"b{i}", f"y{i}") for i in range(3)], partition=1)  # 0..2
-    return {"kind": "kafka", "bootstrap_servers": kafka_broker, "topic": topic, "group_id": "spark-test",
-            "timeout_s": 5}
+    return kafka_spec_of(kafka_broker, topic)
 
 
 def test_read_ranges_two_partitions(spark, kafka_spec):
@@ -80,3 +86,201 @@ def test_spark_segments_read_each_offset_once_with_its_into_time(remap, max_offs
     assert seen == Counter({(p, o): 1 for p, u in remap.frontier for o in range(u)})
     per_partition = Counter(seg.partition for seg in segs)
     assert all(n == -(-remap.frontier[p] // max_offsets) for p, n in per_partition.items())
+
+
+# --- Kafka through Spark's own Kafka source (KafkaSource.spark_read) ---------------------------
+
+COLUMNS = ["key", "value", "timestamp_ms", "partition", "offset", "into_time", "diff"]
+
+
+def by_position(rows) -> list[tuple]:
+    """Rows of :data:`COLUMNS` ordered by (partition, offset), unique per record."""
+    return sorted(rows, key=lambda r: (r[3], r[4]))
+
+
+def rows_of(df) -> list[tuple]:
+    return by_position(tuple(r) for r in df.select(*COLUMNS).collect())
+
+
+def reference_rows(source, remap: Remap, from_into_time: int = 0) -> list[tuple]:
+    """The engine's reclocking of every record below the source's upper, read record by record."""
+    updates = [((d["key"], d["value"], d["timestamp_ms"]), p, o, diff)
+               for p, upper in source.upper() for d, o, diff in source.read(p, 0, upper)]
+    return by_position((*data, p, o, t, diff) for data, p, o, t, diff in reclock(updates, remap) if t >= from_into_time)
+
+
+@pytest.fixture
+def history(kafka_broker, kafka_topic):
+    """A topic reclocked by four bindings: a partition added mid-run, committed and aborted
+    transactions, a binding ending on a transaction marker, then records beyond the frontier
+    (and an open transaction) that no binding covers yet.  Yields ``(spec, source, remap)``."""
+    topic = kafka_topic(partitions=2, prefix="h")
+    spec = kafka_spec_of(kafka_broker, topic)
+    source = build_source(spec)
+    remap = Remap()
+
+    def bind(into_time: int) -> None:
+        nonlocal remap
+        remap = remap.mint(into_time, source.upper())
+
+    produce(kafka_broker, topic, [(f"a{i}", f"x{i}") for i in range(3)], partition=0)  # p0: 0..2
+    produce(kafka_broker, topic, [(None, "y0"), ("b1", None)], partition=1)  # p1: 0, 1
+    bind(1000)
+    produce(kafka_broker, topic, ["x3", "x4"], partition=0)  # p0: 3, 4
+    produce_transaction(kafka_broker, topic, [("t", "c0"), ("t", "c1")], partition=1)  # p1: 2, 3 + marker 4
+    bind(2000)
+    add_partitions(kafka_broker, topic, 3)
+    produce(kafka_broker, topic, [("n", "n0"), ("n", "n1")], partition=2)  # p2: 0, 1
+    produce_transaction(kafka_broker, topic, ["ab0", "ab1"], partition=0, commit=False)  # p0: 5, 6 + marker 7
+    produce(kafka_broker, topic, ["x8"], partition=0)  # p0: 8
+    bind(3000)
+    produce_transaction(kafka_broker, topic, ["ab2"], partition=2, commit=False)  # p2: 2 + marker 3
+    produce_transaction(kafka_broker, topic, ["c2"], partition=0)  # p0: 9 + marker 10
+    bind(4000)  # p2's range [2, 4) holds only an aborted record and a marker
+    produce(kafka_broker, topic, ["late0", "late1"], partition=0)  # p0: 11, 12 - beyond the frontier
+    produce(kafka_broker, topic, ["late2"], partition=2)  # p2: 4 - beyond the frontier
+    txn = Transaction(kafka_broker, topic)
+    txn.produce(["open"], partition=1)  # p1: 5, open: p1's upper stays at 5
+    try:
+        assert remap.frontier == Frontier.of({0: 11, 1: 5, 2: 4})
+        assert source.upper() == Frontier.of({0: 13, 1: 5, 2: 5})
+        yield spec, source, remap
+    finally:
+        txn.abort()
+        source.close()
+
+
+def test_spark_read_equals_engine_reference(spark, history, monkeypatch):
+    spec, source, remap = history
+    expected = reference_rows(source, remap)
+    # The reference is meaningful: late records are held back, aborted ones and markers absent.
+    values = {r[1] for r in expected}
+    assert {"x8", "c0", "c1", "c2", "n1"} <= values
+    assert not values & {"ab0", "ab1", "ab2", "late0", "late1", "late2", "open"}
+    assert [(r[3], r[4], r[5]) for r in expected if r[3] == 0] == [
+        (0, 0, 1000), (0, 1, 1000), (0, 2, 1000), (0, 3, 2000), (0, 4, 2000), (0, 8, 3000), (0, 9, 4000)]
+    assert [(r[3], r[4], r[5]) for r in expected if r[3] == 2] == [(2, 0, 3000), (2, 1, 3000)]
+
+    ranges = remap.ranges()
+    df = read_ranges(spark, spec, ranges)
+    assert df.columns == COLUMNS
+    assert [f.dataType.simpleString() for f in df.schema.fields] == [
+        "string", "string", "bigint", "int", "bigint", "bigint", "bigint"]
+    assert rows_of(df) == expected
+    assert rows_of(read_ranges_python(spark, spec, ranges)) == expected  # the per-record reader agrees
+    assert rows_of(read_ranges(spark, spec, remap.ranges(3000))) == reference_rows(source, remap, 3000)
+    assert source.committed() == Frontier()  # Spark's reads leave the source's consumer group alone
+    # read_uncommitted: aborted records are visible (below the frontier), markers still are not.
+    uncommitted = {**spec, "isolation_level": "read_uncommitted"}
+    with build_source(uncommitted) as dirty:
+        dirty_expected = reference_rows(dirty, remap)
+    assert {"ab0", "ab1", "ab2"} <= {r[1] for r in dirty_expected} and "open" not in {r[1] for r in dirty_expected}
+    assert rows_of(read_ranges(spark, uncommitted, ranges)) == dirty_expected
+
+    # Tasks cut inside partitions start and end on aborted records and markers: same rows.
+    monkeypatch.setattr(spark_source, "MAX_TASK_OFFSETS", 2)
+    split = read_ranges(spark, spec, ranges)
+    assert split.rdd.getNumPartitions() == 6 + 3 + 2  # ceil(span / 2) tasks per partition: 11, 5, 4 offsets
+    assert rows_of(split) == expected
+
+
+def test_read_ranges_uses_spark_kafka_source(spark, kafka_spec, monkeypatch):
+    def python_path(*args):
+        raise AssertionError("the Python data source must not read Kafka")
+
+    monkeypatch.setattr(spark_source, "read_ranges_python", python_path)
+    assert read_ranges(spark, kafka_spec, [(1, 0, 0, 2)]).count() == 2
+
+
+def test_spark_read_empty_ranges_do_not_contact_kafka(spark):
+    spec = {"kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topic": "nowhere", "group_id": "g", "timeout_s": 1}
+    t0 = time.monotonic()
+    for ranges in ([], [(5, 0, 3, 3), Range(6, 1, 0, 0)]):
+        df = read_ranges(spark, spec, ranges)
+        assert df.columns == COLUMNS and df.count() == 0
+    assert time.monotonic() - t0 < 30
+
+
+def test_spark_read_decodes_like_read(spark, kafka_broker, kafka_topic):
+    topic = kafka_topic(partitions=2, prefix="d")
+    produce(kafka_broker, topic, [(None, None), ("ключ", "значение ✓"), (b"k", b"\xff\xfe latin")], partition=0)
+    produce(kafka_broker, topic, [("fine", "ok"), (b"\xc3\x28", b"v")], partition=1)  # bad key at p1 offset 1
+    ranges = [(7, 0, 0, 2), (8, 1, 0, 1)]
+    for encoding in ("utf-8", "UTF8", "utf-16-le"):  # utf-16-le: no Spark decoding, the Python reader reads
+        spec = kafka_spec_of(kafka_broker, topic, encoding=encoding)
+        with build_source(spec) as source:
+            native = source.spark_read(spark, ranges)
+            assert (native is None) == (encoding == "utf-16-le")
+            expected = reference_rows_for(source, ranges)
+        assert rows_of(read_ranges(spark, spec, ranges)) == expected
+    latin = kafka_spec_of(kafka_broker, topic, encoding="latin-1")
+    with build_source(latin) as source:
+        expected = reference_rows_for(source, [(7, 0, 0, 3), (8, 1, 0, 2)])
+    assert rows_of(read_ranges(spark, latin, [(7, 0, 0, 3), (8, 1, 0, 2)])) == expected
+    assert expected[2][1] == "\xff\xfe latin"
+
+    for encoding, (partition, offset, column) in (("utf-8", (1, 1, "key")), ("ascii", (0, 1, "key"))):
+        spec = kafka_spec_of(kafka_broker, topic, encoding=encoding)
+        with pytest.raises(Exception) as failed:
+            read_ranges(spark, spec, [(9, partition, 0, offset + 1)]).collect()
+        assert worker_source_error(failed.value) == (
+            f"topic {topic!r} partition {partition} offset {offset}: record is not valid {encoding} (undecodable {column})")
+
+
+def reference_rows_for(source, ranges) -> list[tuple]:
+    """Each range read record by record, stamped with its IntoTime."""
+    return by_position((d["key"], d["value"], d["timestamp_ms"], p, o, t, diff)
+                       for t, p, s, e in ranges for d, o, diff in source.read(p, s, e))
+
+
+def test_spark_read_refuses_unreadable_ranges(spark, kafka_spec):
+    topic = kafka_spec["topic"]
+    with pytest.raises(SourceError, match=rf"topic '{topic}' partition 1: range \[2, 9\) reaches beyond"):
+        read_ranges(spark, kafka_spec, [(1, 1, 0, 2), (2, 1, 2, 9)])
+    with pytest.raises(SourceError, match=rf"topic '{topic}' has no partition 7"):
+        read_ranges(spark, kafka_spec, [(1, 7, 0, 1)])
+    with pytest.raises(SourceError, match=r"partition 0: ranges \[0, 3\) \(IntoTime 1\) and \[2, 4\) \(IntoTime 2\) overlap"):
+        read_ranges(spark, kafka_spec, [(1, 0, 0, 3), (2, 0, 2, 4)])
+    delete_records(kafka_spec["bootstrap_servers"], topic, 0, before=2)
+    with pytest.raises(SourceError, match=rf"topic '{topic}' partition 0: offsets \[1, 2\) were released upstream"):
+        read_ranges(spark, kafka_spec, [(1, 0, 1, 3)])
+    assert [r.value for r in read_ranges(spark, kafka_spec, [(1, 0, 2, 4)]).orderBy("offset").collect()] == ["x2", "x3"]
+
+
+def test_spark_range_rows_and_spans():
+    rows = spark_range_rows("t", [(3000, 1, 4, 6), (1000, 0, 0, 2), (2000, 0, 2, 2), (2000, 0, 2, 5), (1000, 1, 0, 4)])
+    assert rows == [(0, 0, 2, 1000), (0, 2, 5, 2000), (1, 0, 4, 1000), (1, 4, 6, 3000)]
+    assert partition_spans(rows) == {0: (0, 5), 1: (0, 6)}
+    assert spark_range_rows("t", []) == [] and partition_spans([]) == {}
+    with pytest.raises(SourceError, match="int32"):
+        spark_range_rows("t", [(1, -1, 0, 1)])
+    with pytest.raises(SourceError, match="overlap"):
+        spark_range_rows("t", [(1, 0, 0, 3), (2, 0, 1, 2)])
+
+
+def test_spark_client_options(kafka_broker):
+    certifi = pytest.importorskip("certifi")  # a real PEM file: librdkafka loads it when the client is made
+    ca = certifi.where()
+    config = {"client.id": "reclock", "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512",
+              "sasl.username": "ann", "sasl.password": 'p"w\\', "ssl.ca.location": ca,
+              "ssl.endpoint.identification.algorithm": "none", "fetch.wait.max.ms": 50, "debug": "fetch",
+              "statistics.interval.ms": 0, "enable.partition.eof": True}
+    with build_source({"kind": "kafka", "bootstrap_servers": kafka_broker, "topic": "t", "group_id": "g",
+                       "config": config}):
+        pass  # librdkafka accepts every key
+    assert spark_client_options(config) == {
+        "kafka.client.id": "reclock",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                  'username="ann" password="p\\"w\\\\";',
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": ca,
+        "kafka.ssl.endpoint.identification.algorithm": "",
+        "kafka.fetch.max.wait.ms": "50",
+    }
+    assert spark_client_options({}) == {}
+    with pytest.raises(SourceError, match="'ssl.key.location' cannot be passed to Spark"):
+        spark_client_options({"ssl.key.location": "/k.pem"})
+    with pytest.raises(SourceError, match="OAUTHBEARER"):
+        spark_client_options({"sasl.mechanism": "OAUTHBEARER", "sasl.username": "u"})

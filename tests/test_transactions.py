@@ -244,7 +244,7 @@ def boundary(status, tx_id, counts=None):
 @pytest.fixture
 def debezium(kafka_broker, tmp_path):
     import yaml
-    from reclock.broker import create_topic
+    from devtools.kafka_broker import create_topic
 
     suffix = uuid.uuid4().hex[:8]
     topics = {"dbz_data": f"dbz-data-{suffix}", "dbz_tx": f"dbz-tx-{suffix}"}
@@ -262,7 +262,7 @@ def debezium(kafka_broker, tmp_path):
 @pytest.mark.slow
 def test_debezium_transactions_end_to_end(kafka_broker, spark, debezium, monkeypatch):
     from reclock import pipeline
-    from reclock.broker import produce
+    from devtools.kafka_broker import produce
     from reclock.transactions import TxnTables, publish_transactions
 
     topics, config = debezium

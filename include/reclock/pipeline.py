@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from .clock import now_ms
 from .config import SourceConfig, load_config
@@ -30,6 +30,7 @@ class SourceContext:
     tables: SourceTables
     spark_master: str
     spark_conf: dict
+    spark: Any = None
 
     @property
     def spec(self) -> dict:
@@ -38,31 +39,38 @@ class SourceContext:
 
 
 @contextmanager
-def open_source(name: str, config_path: str | None = None, connect: bool = True) -> Iterator[SourceContext]:
-    """The configured source, connected, with its warehouse tables.
+def open_source(name: str, config_path: str | None = None, connect: bool = True,
+                spark=None) -> Iterator[SourceContext]:
+    """The configured source, connected, with its warehouse tables: the composition root of a step.
 
     ``connect=False`` (reading what is published): when the source's class declares its
     schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema``,
     ``offset_type`` and ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
+    ``spark``: a Spark session, or True to get the configured one; steps that write Delta tables need it,
+    the others read with the light reader and start no JVM.
     """
     config = load_config(config_path)
     source_config = config.source(name)
+    if spark is True:
+        from .spark_session import get_spark
+
+        spark = get_spark(config.spark_master, f"reclock-{name}")
     source = None if connect else source_class(source_config.kind)
     connected = source is None
     if connected:
         source = build_source({"kind": source_config.kind, **source_config.options})
     try:
         tables = Warehouse(config.warehouse, config.storage_options).source(
-            name, source.partition_type, source.data_schema, offset_type_of(source))
-        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf)
+            name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
+        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark)
     finally:
         if connected:
             source.close()
 
 
-def tick(name: str, config_path: str | None = None, now: int | None = None) -> dict:
+def tick(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
     """Bind the source's current upper frontier to IntoTime ``now`` (ms) in ``remap``."""
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
         frontier = ctx.source.upper()
         released = ctx.source.committed()
@@ -87,10 +95,9 @@ def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
 
 def stage(name: str, config_path: str | None = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files."""
-    from .spark_session import get_spark
     from .spark_source import read_ranges, worker_source_error
 
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
         window = pending(remap, ctx.tables)
         if window is None:
@@ -109,10 +116,9 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
             log.warning("%s: first staging starts at the upstream committed frontier %s", name, released)
             ranges = [r._replace(start=max(r.start, released[r.partition])) for r in ranges
                       if r.end > released[r.partition]]
-        spark = spark or get_spark(ctx.spark_master, f"reclock-{name}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
         try:
-            rows = ctx.tables.stage(read_ranges(spark, ctx.spec, ranges), upto)
+            rows = ctx.tables.stage(read_ranges(ctx.spark, ctx.spec, ranges), upto)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -125,7 +131,7 @@ def check(name: str, config_path: str | None = None) -> dict:
     from . import check_log
     from .checks import check_reclocked, check_remap
 
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, connect=False) as ctx:
         remap = ctx.tables.read_remap()
         results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since)}
         window = pending(remap, ctx.tables)
@@ -138,9 +144,9 @@ def check(name: str, config_path: str | None = None) -> dict:
         return {k: v.summary() for k, v in results.items()}
 
 
-def publish(name: str, config_path: str | None = None) -> dict:
+def publish(name: str, config_path: str | None = None, spark=None) -> dict:
     """Commit the checked staged batch into the reclocked table (one idempotent Delta commit)."""
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
         window = pending(ctx.tables.read_remap(), ctx.tables)
         if window is None:
             return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
@@ -161,9 +167,9 @@ def resume(name: str, config_path: str | None = None) -> dict:
         return {"resume_at": resume_at, "offsets": offsets.as_json()}
 
 
-def compact(name: str, config_path: str | None = None, now: int | None = None) -> dict:
+def compact(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
     """Advance ``since`` to keep at least ``retention_ms`` of history, never past what is durable."""
-    with open_source(name, config_path) as ctx:
+    with open_source(name, config_path, connect=False) as ctx:
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
         since = min(resume_at - 1, (now if now is not None else now_ms()) - ctx.config.retention_ms)
@@ -173,6 +179,7 @@ def compact(name: str, config_path: str | None = None, now: int | None = None) -
         # the retention, not on every tick, so its cost stays proportional to the data.
         if since <= current or (current and since - current < ctx.config.retention_ms // 4):
             return {"since": current, "compacted": False}
+    with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
         ctx.tables.compact(since)
         return {"since": since, "compacted": True}
 
@@ -189,6 +196,6 @@ def _consumers_progress(name: str, config_path: str | None) -> list[int]:
 
 def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None) -> dict:
     """Every step in order, in this process (what the DAG does, without Airflow)."""
-    return {"tick": tick(name, config_path, now), "stage": stage(name, config_path, spark),
-            "check": check(name, config_path), "publish": publish(name, config_path),
-            "resume": resume(name, config_path), "compact": compact(name, config_path, now)}
+    return {"tick": tick(name, config_path, now, spark), "stage": stage(name, config_path, spark),
+            "check": check(name, config_path), "publish": publish(name, config_path, spark),
+            "resume": resume(name, config_path), "compact": compact(name, config_path, now, spark)}

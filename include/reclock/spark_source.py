@@ -1,6 +1,12 @@
-"""A PySpark Python Data Source ("reclock") that reads offset ranges of any Source in parallel.
+"""Reading offset ranges of any Source into Spark, each record stamped with its range's IntoTime.
 
-Options (strings, as every Spark option):
+:func:`read_ranges` is the entry point.  A source that can read ranges with Spark natively offers
+``spark_read(spark, ranges) -> DataFrame | None`` (Kafka does, through Spark's own Kafka source:
+:meth:`reclock.sources.kafka.KafkaSource.spark_read`); it must return the same rows as the data
+source below, or None to decline.  Every other source, or one that declines, is read by the
+PySpark Python Data Source ("reclock") of this module, record by record with ``source.read``.
+
+Options of the "reclock" data source (strings, as every Spark option):
 
 * ``spec``: JSON of the source spec, ``{"kind": "kafka", ...kwargs}`` (see :func:`reclock.sources.build_source`);
 * ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that);
@@ -15,6 +21,8 @@ range it falls in, and yields Arrow batches with the columns
 ``<source data columns>..., partition, offset, into_time, diff``; ``offset`` is stored as the
 source's ``offset_type`` (:mod:`reclock.offsets`: int64, or an order-preserving string).
 
+Native reads need what they read with on the session (Kafka: the spark-sql-kafka jars, which
+:func:`reclock.spark_session.get_spark` loads), and no Python workers.  For the Python data source,
 Spark's Python workers must be able to import ``reclock`` (and the source's client library):
 start the session with ``PYSPARK_PYTHON`` pointing at the project's interpreter
 (``.venv/bin/python``, where reclock is installed editable), or set ``spark.pyspark.python``.
@@ -42,7 +50,8 @@ NAME = "reclock"
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
 BATCH_ROWS = 8192
 MAX_TASK_OFFSETS = 500_000
-_WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*)")
+_SOURCE_ERROR_TAG = "reclock.sources.base.SourceError: "
+_WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*?)(?:\s+SQLSTATE: \w+)?\s*$", re.M)
 
 
 def output_arrow_schema(source) -> pa.Schema:
@@ -214,8 +223,17 @@ def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS)
         yield flush()
 
 
+def source_error(message):
+    """A Spark column that fails the job with ``message`` (a string column) as a :class:`SourceError`
+    message: :func:`worker_source_error` finds it in the job failure, as it finds a Python worker's."""
+    from pyspark.sql import functions as F
+
+    return F.raise_error(F.concat(F.lit(_SOURCE_ERROR_TAG), message))
+
+
 def worker_source_error(error: BaseException) -> str | None:
-    """The message of the :class:`SourceError` a Python worker raised, inside a Spark job failure, or None."""
+    """The message of the :class:`SourceError` a Python worker (or :func:`source_error`) raised,
+    inside a Spark job failure, or None."""
     found = _WORKER_SOURCE_ERROR.search(str(error))
     return found.group(1).strip() if found else None
 
@@ -229,8 +247,23 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]])
     """DataFrame of every record of ``ranges`` (``[into_time, partition, start, end]``) of the source ``spec``.
 
     Columns: the source's data columns, ``partition``, ``offset``, ``into_time``, ``diff``.
-    Empty ranges yield no rows; an unreadable range fails the Spark job with the source's error.
+    Empty ranges yield no rows; an unreadable range fails with the source's error (on the driver, or
+    as the Spark job's failure).  Read by the source's ``spark_read`` when it has one and does not
+    decline, else by the "reclock" Python data source (:func:`read_ranges_python`).
     """
+    spec = dict(spec)
+    ranges = normalize_ranges(ranges)
+    source = build_source(spec)  # validates the spec on the driver
+    try:
+        native = getattr(source, "spark_read", None)
+        df = native(spark, ranges) if native is not None else None
+    finally:
+        source.close()
+    return df if df is not None else read_ranges_python(spark, spec, ranges)
+
+
+def read_ranges_python(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]]):
+    """:func:`read_ranges` through the "reclock" Python data source, whatever the source offers natively."""
     spec = dict(spec)
     ranges = normalize_ranges(ranges)
     source = build_source(spec)  # validates the spec on the driver; only its schema is used

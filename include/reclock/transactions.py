@@ -41,7 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from .config import NAME_RE, load_config
@@ -52,7 +52,7 @@ from .engine.transactions import (
 from .pipeline import open_source
 from .warehouse import (
     RECLOCKED_APP, Warehouse, WarehouseError, _app_version, _arrow_schema, _rows, _same_columns, _schema_diff,
-    _txn,
+    append, create_table, spark_frame,
 )
 
 log = logging.getLogger("reclock")
@@ -165,12 +165,14 @@ def processed_upto(warehouse: Warehouse, name: str) -> int:
 
 
 class TxnTables:
-    """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables."""
+    """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables (written by Spark, read with deltalake)."""
 
-    def __init__(self, warehouse: Warehouse, name: str, partition_type: pa.DataType, data_schema: pa.Schema):
+    def __init__(self, warehouse: Warehouse, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
+                 spark=None):
         if not NAME_RE.match(name):
             raise ValueError(f"transaction output name must match [a-z][a-z0-9_]*, got {name!r}")
         self.name = name
+        self.spark = spark
         self.storage_options = warehouse.storage_options
         self.data_columns = list(data_schema.names)
         self.uris = {kind: txn_table_uri(warehouse, name, kind) for kind in ("output", "temp")}
@@ -182,8 +184,9 @@ class TxnTables:
                               + list(data_schema) + located + times),
         }
         for kind, uri in self.uris.items():
-            dt = DeltaTable.create(uri, self.schemas[kind], mode="ignore", name=f"{name}_txn_{kind}",
-                                   storage_options=self.storage_options)
+            if spark is not None and not DeltaTable.is_deltatable(uri, self.storage_options):
+                create_table(spark, uri, self.schemas[kind], f"{name}_txn_{kind}")
+            dt = self.table(kind)
             if not _same_columns(_arrow_schema(dt), self.schemas[kind]):
                 raise WarehouseError(f"{uri} exists with another schema: "
                                      f"{_schema_diff(_arrow_schema(dt), self.schemas[kind])}")
@@ -235,17 +238,19 @@ class TxnTables:
 
     def append(self, kind: str, rows: list[dict], app_id: str, version: int) -> None:
         table = pa.Table.from_pylist(rows, schema=self.schemas[kind])
-        write_deltalake(self.uris[kind], table, mode="append", storage_options=self.storage_options,
-                        commit_properties=_txn(app_id, version))
+        append(spark_frame(self.spark, table, self.schemas[kind]), self.uris[kind], self.schemas[kind].names,
+               app_id, version)
 
 
 # --- the step ---------------------------------------------------------------------------------------
 
 
-def publish_transactions(name: str, data_source: str, tx_source: str, config_path: str | None = None) -> dict:
+def publish_transactions(name: str, data_source: str, tx_source: str, config_path: str | None = None,
+                         spark=None) -> dict:
     """Process every IntoTime up to the least reclocked upper of both sources; idempotent, restartable."""
     config = load_config(config_path)
-    with open_source(data_source, config_path) as data_ctx, open_source(tx_source, config_path) as tx_ctx:
+    with open_source(data_source, config_path, connect=False, spark=spark or True) as data_ctx, \
+            open_source(tx_source, config_path, connect=False, spark=data_ctx.spark) as tx_ctx:
         data_tables, tx_tables = data_ctx.tables, tx_ctx.tables
         data_schema = data_tables.schemas["reclocked"]
         if data_schema != tx_tables.schemas["reclocked"]:
@@ -255,7 +260,7 @@ def publish_transactions(name: str, data_source: str, tx_source: str, config_pat
             raise WarehouseError(f"{data_source}: Debezium records need a 'value' column")
         partition_type = data_schema.field("partition").type
         txn = TxnTables(Warehouse(config.warehouse, config.storage_options), name, partition_type,
-                        pa.schema([data_schema.field(c) for c in data_tables.data_columns]))
+                        pa.schema([data_schema.field(c) for c in data_tables.data_columns]), data_ctx.spark)
         temp_v, out_v = txn.temp_version(), txn.output_version()
         if out_v < temp_v:
             raise WarehouseError(f"{name}: TEMP is at {temp_v} but the output only at {out_v}; "

@@ -1,31 +1,35 @@
 """Delta Lake storage of each source: ``<root>/<name>/remap`` and ``<root>/<name>/reclocked``.
 
-Every Delta commit is made by ``deltalake`` (delta-rs); Spark only writes plain Parquet
-files and reads the Parquet files of a snapshot (no delta-spark).  Progress lives in
-Delta *app transactions*, so it commits atomically with the rows it describes and
-survives overwrites:
+Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`).
+Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
+writes), so it commits atomically with the rows it describes and survives overwrites:
 
 * remap table, app ``reclock.remap``: version = remap upper - 1 (the last tick);
 * remap table, app ``reclock.since``: version = compaction frontier ``since``;
 * reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
 
-A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published
-IntoTimes in one overwrite commit without an app transaction, so the versions stay as they were.
+A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
+after a crash commits nothing twice.  A backfill repair (:meth:`SourceTables.replace_reclocked`)
+rewrites a window of published IntoTimes in one ``replaceWhere`` overwrite without an app
+transaction, so the versions stay as they were.
 
-Spark stages reclocked rows under ``reclocked/staged/upto=<t>/<attempt>/`` (a fresh
-attempt directory per :meth:`SourceTables.staging_dir` call, so a rerun never
-overwrites files a previous attempt may already have published);
-:meth:`SourceTables.publish_staged` commits the latest complete attempt (one with
-Spark's ``_SUCCESS`` marker) as Add actions in one commit.  The staging directory
-must not start with ``_``: delta-rs vacuum never deletes files under hidden paths.
-Tables never use deletion vectors, so a snapshot is exactly its file list.
+Reads that need no JVM use ``deltalake`` (delta-rs) as a light reader: the app-transaction
+versions (``since``, the uppers) and the remap table (small: one row per partition and tick,
+one per partition after compaction), for the steps and pages that must not start Spark
+(status, the progress page, the checks of remap). Everything else reads through Spark, AS OF
+reads at a pinned table version with Delta time travel (``versionAsOf``).
+
+Spark stages a batch of reclocked rows as Parquet under ``<source>/staged/upto=<t>/<attempt>/``
+(outside the Delta tables: a fresh attempt directory per :meth:`SourceTables.stage`, ``_SUCCESS``
+marks a complete one); :meth:`SourceTables.publish_staged` appends the latest complete attempt to
+the reclocked table in one idempotent commit, then removes the staged files.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Literal
 
 import pyarrow as pa
@@ -33,12 +37,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
-from deltalake.transaction import AddAction
 
 from . import offsets
-from .engine import Remap
+from .engine import Increment, Remap
 
 Kind = Literal["remap", "reclocked"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")
@@ -66,6 +70,32 @@ def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
         pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())])
 
 
+def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
+    """Create the Delta table at ``uri`` with ``schema`` unless it exists (delta-spark)."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(from_arrow_schema(schema))
+     .comment(name).execute())
+
+
+def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
+    """A Spark DataFrame of Arrow ``rows`` with ``schema`` (small tables: remap, TEMP)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    spark_schema = from_arrow_schema(schema)
+    if rows.num_rows == 0:
+        return spark.createDataFrame([], spark_schema)
+    return spark.createDataFrame(rows.select(schema.names).to_pandas(), spark_schema)
+
+
+def append(df, uri: str, columns: list[str], app_id: str, version: int) -> None:
+    """Append Spark DataFrame ``df`` (possibly empty) to the Delta table at ``uri`` in one commit carrying
+    the app transaction ``app_id`` = ``version``; Delta skips it when the stored version is already ``>= version``."""
+    (df.select(*columns).write.format("delta").mode("append")
+     .option("txnAppId", app_id).option("txnVersion", str(version)).save(_spark_uri(uri)))
+
+
 class Warehouse:
     """A root URI (local path, or e.g. ``s3://bucket/prefix`` with deltalake ``storage_options``)."""
 
@@ -78,19 +108,25 @@ class Warehouse:
         return f"{self.root}/{name}"
 
     def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
-               offset_type: pa.DataType = offsets.INT64) -> "SourceTables":
-        """The tables of source ``name``, created on first use (schema checked otherwise)."""
+               offset_type: pa.DataType = offsets.INT64, spark=None) -> "SourceTables":
+        """The tables of source ``name``; with a Spark session, created on first use (schema checked otherwise)."""
         tables = SourceTables(self.source_uri(name), partition_type, data_schema, self.storage_options,
-                              offset_type=offset_type)
-        tables.create_if_absent()
+                              offset_type=offset_type, spark=spark)
+        if spark is not None:
+            tables.create_if_absent()
+        else:
+            tables.check_schemas()
         return tables
 
 
 class SourceTables:
-    """The remap and reclocked Delta tables of one source."""
+    """The remap and reclocked Delta tables of one source.
+
+    Writes need the Spark session given as ``spark``; the light reads (versions, remap) do not.
+    """
 
     def __init__(self, uri: str, partition_type: pa.DataType, data_schema: pa.Schema,
-                 storage_options: dict | None = None, *, offset_type: pa.DataType = offsets.INT64):
+                 storage_options: dict | None = None, *, offset_type: pa.DataType = offsets.INT64, spark=None):
         """``offset_type``: how offsets and increments are stored (:func:`reclock.offsets.offset_type_of`)."""
         self.uri = uri
         self.storage_options = storage_options
@@ -99,52 +135,108 @@ class SourceTables:
         self.schemas: dict[Kind, pa.Schema] = {
             "remap": remap_schema(partition_type, self.offset_type),
             "reclocked": reclocked_schema(partition_type, data_schema, self.offset_type)}
+        self._spark = spark
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            raise WarehouseError(f"{self.uri}: writing Delta tables needs a Spark session (none was opened)")
+        return self._spark
 
     # --- tables -------------------------------------------------------------------------
 
     def table_uri(self, kind: Kind) -> str:
         return f"{self.uri}/{kind}"
 
+    def spark_uri(self, kind: Kind) -> str:
+        """The table's location as Spark spells it (``s3a://`` for S3)."""
+        return _spark_uri(self.table_uri(kind))
+
     def table(self, kind: Kind, version: int | None = None) -> DeltaTable:
-        """A fresh :class:`DeltaTable` at its latest (or the given) version."""
+        """A fresh deltalake :class:`DeltaTable` at its latest (or the given) version (light reads)."""
         return DeltaTable(self.table_uri(kind), version=version, storage_options=self.storage_options)
 
+    def _table_or_none(self, kind: Kind) -> DeltaTable | None:
+        try:
+            return self.table(kind)
+        except TableNotFoundError:
+            return None
+
+    def spark_schema(self, kind: Kind):
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(self.schemas[kind])
+
     def create_if_absent(self) -> None:
-        """Create both tables if missing; :class:`WarehouseError` if one exists with another schema."""
+        """Create both tables with Spark if missing; :class:`WarehouseError` if one exists with another schema."""
         for kind in KINDS:
-            dt = DeltaTable.create(self.table_uri(kind), self.schemas[kind], mode="ignore",
-                                   name=f"{self.uri.rsplit('/', 1)[-1]}_{kind}",
-                                   storage_options=self.storage_options)
+            if self._table_or_none(kind) is None:
+                create_table(self.spark, self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
+        self.check_schemas()
+
+    def check_schemas(self) -> None:
+        """:class:`WarehouseError` if a table exists with another schema than this source's."""
+        for kind in KINDS:
+            dt = self._table_or_none(kind)
+            if dt is None:
+                continue
             found = _arrow_schema(dt)
             if not _same_columns(found, self.schemas[kind]):
                 raise WarehouseError(f"{self.table_uri(kind)} exists with another schema: "
                                      f"{_schema_diff(found, self.schemas[kind])}")
 
-    def _fs(self, kind: Kind) -> pafs.FileSystem:
-        """The table's storage as a pyarrow filesystem, paths relative to the table root."""
-        return pafs.PyFileSystem(DeltaStorageHandler(self.table_uri(kind), self.storage_options))
+    def _fs(self) -> pafs.FileSystem:
+        """The source's storage as a pyarrow filesystem, paths relative to the source root."""
+        return pafs.PyFileSystem(DeltaStorageHandler(self.uri, self.storage_options))
 
-    def _append(self, kind: Kind, rows: pa.Table, app_id: str, version: int) -> None:
-        """Append ``rows`` (possibly none) in one commit carrying the app transaction."""
-        write_deltalake(self.table_uri(kind), rows, mode="append", storage_options=self.storage_options,
-                        commit_properties=_txn(app_id, version))
+    def _frame(self, kind: Kind, rows: pa.Table):
+        """A Spark DataFrame of Arrow ``rows`` with the table's schema."""
+        return spark_frame(self.spark, rows, self.schemas[kind])
+
+    def _append(self, kind: Kind, df, app_id: str, version: int) -> None:
+        """Append the rows of Spark DataFrame ``df`` (possibly none) in one commit carrying the app transaction.
+
+        Delta skips the write when the stored version of ``app_id`` is already ``>= version``.
+        """
+        append(df, self.table_uri(kind), self.schemas[kind].names, app_id, version)
 
     def _read(self, kind: Kind, version: int | None = None, filter: pc.Expression | None = None) -> pa.Table:
-        return _rows(self.table(kind, version), self.schemas[kind], filter)
+        dt = self._table_or_none(kind) if version is None else self.table(kind, version)
+        if dt is None:
+            return self.schemas[kind].empty_table()
+        return _rows(dt, self.schemas[kind], filter)
+
+    def _app_version(self, kind: Kind, app_id: str, default: int) -> int:
+        dt = self._table_or_none(kind)
+        return default if dt is None else _app_version(dt, app_id, default)
+
+    def read_spark(self, kind: Kind, version: int | None = None):
+        """The table (at its latest, or the given version: Delta time travel) as a Spark DataFrame."""
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.spark_uri(kind)).select(*self.schemas[kind].names)
+
+    def version(self, kind: Kind) -> int:
+        """The table's latest Delta version (-1 when it does not exist yet)."""
+        dt = self._table_or_none(kind)
+        return -1 if dt is None else dt.version()
 
     # --- remap --------------------------------------------------------------------------
 
     def since(self) -> int:
         """The compaction frontier (0 initially): IntoTimes before it are no longer readable."""
-        return _app_version(self.table("remap"), SINCE_APP, 0)
+        return self._app_version("remap", SINCE_APP, 0)
 
     def remap_upper(self) -> int:
         """The stored remap upper: first IntoTime not yet bound."""
-        return _app_version(self.table("remap"), REMAP_APP, -1) + 1
+        return self._app_version("remap", REMAP_APP, -1) + 1
 
     def read_remap(self) -> Remap:
-        """The stored remap, with ``since`` and ``upper`` from the app transactions."""
-        dt = self.table("remap")
+        """The stored remap, with ``since`` and ``upper`` from the app transactions of one snapshot."""
+        dt = self._table_or_none("remap")
+        if dt is None:
+            return Remap.from_increments([], 0, 0)
         since, upper = _app_version(dt, SINCE_APP, 0), _app_version(dt, REMAP_APP, -1) + 1
         rows = _rows(dt, self.schemas["remap"])  # the same snapshot as since and upper
         increments = offsets.from_arrow(rows["increment"])  # Python ints, however they are stored
@@ -152,10 +244,17 @@ class SourceTables:
                                       0, upper)
         return remap.compact(since)  # rows may predate a crashed compaction (since recorded first)
 
+    def _remap_rows(self, rows) -> pa.Table:
+        try:
+            return pa.Table.from_pylist([r._replace(increment=offsets.to_storage(r.increment, self.offset_type))
+                                         ._asdict() for r in rows], schema=self.schemas["remap"])
+        except offsets.OffsetError as e:
+            raise WarehouseError(f"cannot store the remap of {self.uri}: {e}") from e
+
     def append_binding(self, remap_before: Remap, remap_after: Remap) -> bool:
         """Store the ticks minting ``remap_after`` from ``remap_before`` in one commit; False if already stored."""
         version = remap_after.upper - 1
-        stored = _app_version(self.table("remap"), REMAP_APP, -1)
+        stored = self._app_version("remap", REMAP_APP, -1)
         if stored >= version:
             return False
         if remap_after.upper <= remap_before.upper:
@@ -164,53 +263,36 @@ class SourceTables:
         if stored + 1 != remap_before.upper:
             raise WarehouseError(f"remap_before has upper {remap_before.upper} but the stored remap "
                                  f"has upper {stored + 1}")
-        rows = [r for r in remap_after.increments() if r.into_time >= remap_before.upper]
-        try:
-            table = pa.Table.from_pylist([r._replace(increment=offsets.to_storage(r.increment, self.offset_type))
-                                          ._asdict() for r in rows], schema=self.schemas["remap"])
-        except offsets.OffsetError as e:
-            raise WarehouseError(f"cannot store the remap of {self.uri}: {e}") from e
-        self._append("remap", table, REMAP_APP, version)
-        remap_table = self.table("remap")
-        if len(remap_table.file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
-            remap_table.optimize.compact()
+        rows = self._remap_rows(r for r in remap_after.increments() if r.into_time >= remap_before.upper)
+        self._append("remap", self._frame("remap", rows), REMAP_APP, version)
+        if len(self.table("remap").file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
+            self._optimize("remap")
         return True
 
     # --- reclocked ----------------------------------------------------------------------
 
     def reclocked_upper(self) -> int:
         """IntoTime upper of the published reclocked table: last published IntoTime + 1, 0 if none."""
-        return _app_version(self.table("reclocked"), RECLOCKED_APP, -1) + 1
-
-    def staging_dir(self, upto: int) -> str:
-        """A fresh directory (Spark URI) for the Parquet files of the bindings up to IntoTime ``upto``.
-
-        Write it with Spark's default committer (``_SUCCESS`` marks a complete attempt).
-        Skip staging when ``reclocked_upper() > upto``: it is already published.
-        """
-        return self._spark_path(self._new_attempt(upto))
-
-    def _new_attempt(self, upto: int) -> str:
-        return _attempt_dir(_upto_dir(upto))
+        return self._app_version("reclocked", RECLOCKED_APP, -1) + 1
 
     def _spark_path(self, relative: str) -> str:
-        return f"{_spark_uri(self.table_uri('reclocked'))}/{relative}"
+        return f"{_spark_uri(self.uri)}/{relative}"
 
     def stage(self, df, upto: int) -> int:
-        """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh attempt; rows staged.
+        """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh staged attempt; rows staged.
 
         0 and nothing written when ``upto`` is already published.
         """
         if self.reclocked_upper() > upto:
             return 0
-        attempt = self._new_attempt(upto)
+        attempt = _attempt_dir(_upto_dir(upto))
         df.select(*self.schemas["reclocked"].names).write.parquet(self._spark_path(attempt))
-        fs = self._fs("reclocked")
+        fs = self._fs()
         return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
 
     def read_staged(self, upto: int):
         """The latest complete staged attempt for ``upto`` as a pandas DataFrame (for checks before publishing)."""
-        fs = self._fs("reclocked")
+        fs = self._fs()
         _, attempt = self._attempts(fs, upto)
         paths = [i.path for i in _parquet_files(fs, attempt)]
         schema = self.schemas["reclocked"]
@@ -222,30 +304,31 @@ class SourceTables:
                           if i.type == pafs.FileType.Directory)
         complete = [a for a in attempts if fs.get_file_info(f"{a}/{SUCCESS}").type == pafs.FileType.File]
         if not complete:
-            raise WarehouseError(f"no complete staged attempt (with {SUCCESS}) under "
-                                 f"{self.table_uri('reclocked')}/{_upto_dir(upto)}")
+            raise WarehouseError(f"no complete staged attempt (with {SUCCESS}) under {self.uri}/{_upto_dir(upto)}")
         return attempts, complete[-1]
 
     def publish_staged(self, upto: int) -> bool:
-        """Commit the latest complete staged attempt for ``upto`` in one commit; False if already published."""
-        published = _app_version(self.table("reclocked"), RECLOCKED_APP, -1)
+        """Append the latest complete staged attempt for ``upto`` in one idempotent commit; False if already published."""
+        published = self._app_version("reclocked", RECLOCKED_APP, -1)
         if published >= upto:
             return False
         remap_upper = self.remap_upper()
         if upto >= remap_upper:
             raise WarehouseError(f"cannot publish up to {upto}: remap upper is {remap_upper}")
-        fs = self._fs("reclocked")
+        fs = self._fs()
         attempts, attempt = self._attempts(fs, upto)
-        adds = [self._add_action(fs, info, published + 1, upto) for info in _parquet_files(fs, attempt)]
-        self.table("reclocked").create_write_transaction(
-            adds, mode="append", schema=self.schemas["reclocked"],
-            commit_properties=_txn(RECLOCKED_APP, upto))
-        for stale in set(attempts) - {attempt}:
-            fs.delete_dir(stale)  # never published (only this commit could have published them)
+        files = _parquet_files(fs, attempt)
+        for info in files:
+            self._check_staged(fs, info, published + 1, upto)
+        schema = self.spark_schema("reclocked")
+        staged = (self.spark.read.schema(schema).parquet(*[self._spark_path(i.path) for i in files]) if files
+                  else self.spark.createDataFrame([], schema))
+        self._append("reclocked", staged, RECLOCKED_APP, upto)
+        fs.delete_dir(_upto_dir(upto))  # copied into the table (or, for other attempts, never published)
         return True
 
-    def _add_action(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> AddAction:
-        """Add action of one staged file, after checking its schema and its IntoTimes lie in [lower, upto]."""
+    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> None:
+        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer)."""
         meta = _footer(fs, info.path)
         found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
         if not _same_columns(found, expected):
@@ -255,42 +338,27 @@ class SourceTables:
         lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
         if lo < lower or hi > upto:
             raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
-        return AddAction(info.path, info.size, {}, info.mtime_ns // 1_000_000, True, json.dumps(stats))
 
     def snapshot_files(self, kind: Kind, version: int | None = None) -> list[str]:
         """URIs of the Parquet files of a snapshot (latest or ``version``), spelled for ``spark.read.parquet``."""
         return [_spark_uri(f) for f in self.table(kind, version).file_uris()]
 
-    def read_reclocked_spark(self, spark, version: int | None = None):
-        """The reclocked snapshot as a Spark DataFrame with the table schema (empty when no files)."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        schema = from_arrow_schema(self.schemas["reclocked"])
-        files = self.snapshot_files("reclocked", version)
-        return spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
+    def read_reclocked_spark(self, spark=None, version: int | None = None):
+        """The reclocked table (latest, or at Delta ``version``) as a Spark DataFrame."""
+        if spark is not None and self._spark is None:
+            self._spark = spark
+        return self.read_spark("reclocked", version)
 
     def replace_reclocked(self, df, predicate: str) -> int:
         """Replace the reclocked rows matching ``predicate`` (SQL on ``into_time``) by a Spark DataFrame's rows.
 
-        One commit (delta-rs overwrite with ``predicate``; every new row must match it). Spark writes
-        Parquet under ``replay/<attempt>/`` in the table, which is streamed from there into the commit and
-        then deleted, so the rows never all sit in driver memory. The commit carries no app transaction, so
-        ``reclocked_upper`` stays what it was. Returns the number of rows written.
+        One commit (Delta ``replaceWhere``; every new row must match it). The commit carries no app
+        transaction, so ``reclocked_upper`` stays what it was. Returns the number of rows written.
         """
-        attempt = _attempt_dir("replay")
-        schema = self.schemas["reclocked"]
-        df.select(*schema.names).write.parquet(self._spark_path(attempt))
-        fs = self._fs("reclocked")
-        try:
-            paths = [i.path for i in _parquet_files(fs, attempt)]
-            dataset = pads.dataset(paths, schema=schema, filesystem=fs, format="parquet")
-            rows = dataset.count_rows()
-            reader = pa.RecordBatchReader.from_batches(schema, dataset.to_batches())
-            write_deltalake(self.table_uri("reclocked"), reader, mode="overwrite", predicate=predicate,
-                            storage_options=self.storage_options)
-        finally:
-            fs.delete_dir(attempt)
-        return rows
+        version = self.version("reclocked")
+        (df.select(*self.schemas["reclocked"].names).write.format("delta").mode("overwrite")
+         .option("replaceWhere", predicate).save(self.spark_uri("reclocked")))
+        return _rows_added(self.table("reclocked"), version)
 
     def read_reclocked_arrow(self, version: int | None = None) -> pa.Table:
         """The reclocked snapshot through deltalake (small tables, tests)."""
@@ -307,7 +375,7 @@ class SourceTables:
 
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
-        3. advance reclocked IntoTimes to ``since`` there and consolidate diffs;
+        3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
         4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago.
         """
         stored = self.since()
@@ -315,62 +383,85 @@ class SourceTables:
         if since >= upper:
             raise WarehouseError(f"cannot compact to {since}: published only below {upper}")
         if stored < since:
-            self._append("remap", self.schemas["remap"].empty_table(), SINCE_APP, since)
-        self._consolidate("remap", since, ["partition"], "increment")
-        self._consolidate("reclocked", since, self.data_columns + ["partition", "offset"], "diff")
+            self._append("remap", self._frame("remap", self.schemas["remap"].empty_table()), SINCE_APP, since)
+        self._consolidate_remap(since)
+        self._consolidate_reclocked(since)
         for kind in KINDS:
-            self.table(kind).optimize.compact()  # commits only when there are files to merge
+            self._optimize(kind)
             self._vacuum(kind, retention_hours)
 
+    def _optimize(self, kind: Kind) -> None:
+        """Merge small files (Delta OPTIMIZE; it commits only when there are files to merge)."""
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).optimize().executeCompaction()
+
     def _vacuum(self, kind: Kind, retention_hours: int) -> None:
-        """Delete files removed more than ``retention_hours`` ago, committing only if any still exist.
+        """Delete files removed more than ``retention_hours`` ago (Delta VACUUM)."""
+        from delta.tables import DeltaTable as SparkDeltaTable
 
-        delta-rs lists a tombstone (and writes VACUUM START/END commits) on every vacuum
-        until the tombstone expires from the log, even once its file is gone.
+        with _conf(self.spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"):
+            SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).vacuum(float(retention_hours))
+
+    def _consolidate_remap(self, since: int) -> bool:
+        """Rewrite remap rows at or before ``since`` as one row per partition at ``since``; False if already so.
+
+        Remap is small (one row per partition and tick), and big offsets must sum exactly: the
+        rows are folded in Python (:meth:`Remap.compact`) and written back in one overwrite.
         """
-        dt, options = self.table(kind), dict(retention_hours=retention_hours, enforce_retention_duration=False)
-        candidates = dt.vacuum(dry_run=True, **options)  # paths relative to the table root
-        if candidates and any(i.type == pafs.FileType.File for i in self._fs(kind).get_file_info(candidates)):
-            dt.vacuum(dry_run=False, **options)
-
-    def _consolidate(self, kind: Kind, since: int, keys: list[str], value: str) -> bool:
-        """Rewrite rows at or before ``since`` as ``sum(value)`` per key at ``since``; False if already so."""
-        at_or_before = pc.field("into_time") <= since
-        old = self._read(kind, filter=at_or_before)
-        advanced = old.set_column(old.schema.get_field_index("into_time"), "into_time",
-                                  pa.repeat(pa.scalar(since, pa.int64()), old.num_rows))
-        new = _sum_by(advanced, keys + ["into_time"], value, self.schemas[kind])
-        if new.num_rows == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
+        old = self._read("remap", filter=pc.field("into_time") <= since)
+        folded: dict = {}
+        for partition, amount in zip(old["partition"].to_pylist(), offsets.from_arrow(old["increment"])):
+            folded[partition] = folded.get(partition, 0) + amount
+        new = [(p, since, amount) for p, amount in folded.items() if amount]
+        if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
-        write_deltalake(self.table_uri(kind), new, mode="overwrite", predicate=f"into_time <= {since}",
-                        storage_options=self.storage_options)
+        rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
+        (self._frame("remap", rows).write.format("delta").mode("overwrite")
+         .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
+        return True
+
+    def _consolidate_reclocked(self, since: int) -> bool:
+        """Rewrite reclocked rows at or before ``since`` as ``sum(diff)`` per record at ``since`` (Spark)."""
+        from pyspark.sql import functions as F
+
+        where = F.col("into_time") <= since
+        df = self.read_spark("reclocked").where(where)
+        stats = df.agg(F.count(F.lit(1)).alias("n"), F.min("into_time").alias("lo")).first()
+        if stats["n"] == 0:
+            return False
+        keys = self.data_columns + ["partition", "offset"]
+        consolidated = (df.groupBy(*keys).agg(F.sum("diff").alias("diff")).where(F.col("diff") != 0)
+                        .withColumn("into_time", F.lit(since).cast("long")))
+        if stats["lo"] == since and consolidated.count() == stats["n"]:
+            return False
+        (consolidated.select(*self.schemas["reclocked"].names).write.format("delta").mode("overwrite")
+         .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
         return True
 
 
 # --- helpers ------------------------------------------------------------------------------
 
 
-def _sum_by(table: pa.Table, keys: list[str], value: str, schema: pa.Schema) -> pa.Table:
-    """Rows of ``schema``: ``sum(value)`` per ``keys``, zero sums dropped.
-
-    An int64 ``value`` sums in Arrow; a big one (encoded strings, :mod:`reclock.offsets`)
-    sums exactly in Python ints, then is encoded again.
-    """
-    if not offsets.is_big(table.schema.field(value).type):
-        summed = table.group_by(keys, use_threads=False).aggregate([(value, "sum")])
-        new = summed.rename_columns([value if c == f"{value}_sum" else c for c in summed.column_names])
-        return new.filter(pc.field(value) != 0).select(schema.names).cast(schema)
-    sums: dict[tuple, int] = {}
-    for key, amount in zip(zip(*(table[k].to_pylist() for k in keys)), offsets.from_arrow(table[value])):
-        sums[key] = sums.get(key, 0) + amount
-    kept = [(key, total) for key, total in sums.items() if total]
-    columns = {k: [key[i] for key, _ in kept] for i, k in enumerate(keys)}
-    columns[value] = [offsets.to_storage(total, schema.field(value).type) for _, total in kept]
-    return pa.Table.from_pydict({n: columns[n] for n in schema.names}, schema=schema)
+@contextmanager
+def _conf(spark, key: str, value: str):
+    """Set a Spark SQL conf for the duration of a block."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.unset(key) if before is None else spark.conf.set(key, before)
 
 
-def _txn(app_id: str, version: int) -> CommitProperties:
-    return CommitProperties(app_transactions=[Transaction(app_id, version)])
+def _rows_added(dt: DeltaTable, after: int) -> int:
+    """Rows added by the commits after version ``after`` (from the Delta log's operation metrics)."""
+    added = 0
+    for commit in dt.history():
+        if commit.get("version", -1) > after:
+            metrics = commit.get("operationMetrics") or {}
+            added += int(metrics.get("numOutputRows", 0))
+    return added
 
 
 def _app_version(dt: DeltaTable, app_id: str, default: int) -> int:

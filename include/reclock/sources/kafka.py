@@ -13,12 +13,20 @@ stop as soon as the consumer position reaches ``end``; offsets that carry no vis
 
 Commits write the consumer group's committed offsets, which in Kafka mean "next offset to
 read" - the same meaning as a frontier's upper.
+
+Spark reads (:meth:`KafkaSource.spark_read`, used by :func:`reclock.spark_source.read_ranges`)
+go through Spark's own Kafka source (spark-sql-kafka, the Java client) instead of ``read``: a
+batch read of each partition's offsets ``[min start, max end)`` of the ranges, stamped with
+IntoTime by a broadcast join with the ranges.  This module is still the only one that talks
+to Kafka; the driver checks the ranges against the log start offsets and the upper first.
 """
 from __future__ import annotations
 
+import codecs
+import json
 import logging
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -180,6 +188,17 @@ class KafkaSource:
                 except Exception:  # pragma: no cover - best effort
                     self._reader = None
 
+    def _check_readable(self, partition: int, start: int, end: int, low: int, high: int) -> None:
+        """Refuse ``[start, end)`` unless it lies within ``[low, high)``: the log start offset (below
+        it, records were released) and the upper (above it, records are not final yet)."""
+        where = f"topic {self.topic!r} partition {partition}"
+        if low > start:
+            raise SourceError(f"{where}: offsets [{start}, {low}) were released upstream "
+                              f"(log start offset {low} > requested start {start})")
+        if high < end:
+            raise SourceError(f"{where}: range [{start}, {end}) reaches beyond the partition's upper {high} "
+                              f"({self.isolation_level})")
+
     def _reader_consumer(self):
         if self._reader is None:
             self._reader = self._new_consumer(**{"enable.partition.eof": True})
@@ -189,13 +208,7 @@ class KafkaSource:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         where = f"topic {self.topic!r} partition {partition}"
-        low, high = self._watermarks(consumer, partition)
-        if low > start:
-            raise SourceError(f"{where}: offsets [{start}, {low}) were released upstream "
-                              f"(log start offset {low} > requested start {start})")
-        if high < end:
-            raise SourceError(f"{where}: range [{start}, {end}) reaches beyond the partition's upper {high} "
-                              f"({self.isolation_level})")
+        self._check_readable(partition, start, end, *self._watermarks(consumer, partition))
         tp = TopicPartition(self.topic, partition, start)
         try:
             consumer.assign([tp])
@@ -272,6 +285,113 @@ class KafkaSource:
 
         return {"key": key, "value": value, "timestamp_ms": None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts}
 
+    # --- Spark reads ----------------------------------------------------------------------
+
+    def spark_read(self, spark, ranges: Iterable[Sequence[Any]]):
+        """Spark DataFrame of every visible record of ``ranges`` (``[into_time, partition, start, end]``),
+        read by Spark's Kafka source; None when :attr:`encoding` has no exact Spark decoding (the
+        caller then reads record by record with :meth:`read`).
+
+        The rows are those of reading each range with :meth:`read` and stamping it with the range's
+        IntoTime: ``key``, ``value``, ``timestamp_ms`` (null when Kafka has none), ``partition`` (int),
+        ``offset`` (long), ``into_time``, ``diff`` (always 1).  Spark reads each partition's
+        ``[min start, max end)`` once; records there that no range covers are dropped.  Ranges must not
+        overlap and must lie between the log start offset and the upper (checked here, before Spark
+        runs).  Nothing to read: an empty DataFrame, without contacting Kafka.  Spark declares
+        ``offset`` nullable (its Kafka source does so for every column); it is never null.
+        """
+        from pyspark.sql import functions as F
+
+        from ..spark_source import normalize_ranges, output_arrow_schema, spark_schema
+
+        charset = _SPARK_CHARSETS.get(codecs.lookup(self.encoding).name)
+        if charset is None:
+            return None
+        rows = spark_range_rows(self.topic, normalize_ranges(ranges))
+        if not rows:
+            return spark.createDataFrame([], spark_schema(output_arrow_schema(self)))
+        self._check_readable_rows(rows)
+        records = spark.read.format("kafka").options(**self.spark_options(partition_spans(rows))).load()
+        bounds = F.broadcast(spark.createDataFrame(rows, _RANGE_ROWS_SCHEMA))
+        on = ((F.col("partition") == F.col("_r_partition")) & (F.col("offset") >= F.col("_r_start"))
+              & (F.col("offset") < F.col("_r_end")))
+        return records.join(bounds, on).select(
+            self._spark_decoded("key", charset),
+            self._spark_decoded("value", charset),
+            # timestampType -1: the record has no timestamp (read() gives None too).
+            F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp_ms"),
+            F.col("_r_partition").alias("partition"),
+            F.col("offset"),
+            F.col("_r_into_time").alias("into_time"),
+            F.lit(1).cast("long").alias("diff"),
+        )
+
+    def spark_options(self, spans: Mapping[int, tuple[int, int]]) -> dict[str, str]:
+        """Options of Spark's batch Kafka source reading offsets ``[start, end)`` of each partition in ``spans``.
+
+        Spark's reads use a consumer group of their own and never commit: the source's ``group_id``
+        is not passed, its committed offsets are untouched.  ``timeout_s`` bounds each poll
+        (``kafkaConsumer.pollTimeoutMs``: a poll returning nothing fails the task), and a partition's
+        span is cut into tasks of at most :data:`~reclock.spark_source.MAX_TASK_OFFSETS` offsets,
+        as the per-record reader does.  ``config`` is translated by :func:`spark_client_options`.
+        """
+        from ..spark_source import MAX_TASK_OFFSETS
+
+        partitions = sorted(spans)
+        return {
+            **spark_client_options(self.config),
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "kafka.isolation.level": self.isolation_level,
+            "assign": json.dumps({self.topic: partitions}),
+            "startingOffsets": json.dumps({self.topic: {str(p): spans[p][0] for p in partitions}}),
+            "endingOffsets": json.dumps({self.topic: {str(p): spans[p][1] for p in partitions}}),
+            # Spark skips offsets that carry no visible record (transaction markers always, aborted
+            # records under read_committed) whatever this flag says, as long as they are at or above
+            # the log start offset (KafkaDataConsumer.fetchRecord): transactional topics do not need
+            # "false".  The flag only decides what happens to offsets *missing* below the log start
+            # (retention or DeleteRecords after the driver checked the ranges, a recreated topic):
+            # "true" fails the task, like read(), instead of silently returning fewer records.
+            "failOnDataLoss": "true",
+            "kafkaConsumer.pollTimeoutMs": str(int(self.timeout_s * 1000)),
+            "maxRecordsPerPartition": str(MAX_TASK_OFFSETS),
+            "includeHeaders": "false",
+        }
+
+    def _check_readable_rows(self, rows: Sequence[tuple[int, int, int, int]]) -> None:
+        """Each ``(partition, start, end, into_time)`` row's partition exists and its offsets lie between
+        the log start offset and the upper (one watermark request per partition)."""
+        known = self.partitions()
+        consumer = self._client()
+        watermarks: dict[int, tuple[int, int]] = {}
+        for partition, start, end, into_time in rows:
+            if partition not in known:
+                raise SourceError(f"topic {self.topic!r} has no partition {partition} (partitions {known}); "
+                                  f"cannot read offsets [{start}, {end}) of IntoTime {into_time}")
+            if partition not in watermarks:
+                watermarks[partition] = self._watermarks(consumer, partition)
+            self._check_readable(partition, start, end, *watermarks[partition])
+
+    def _spark_decoded(self, name: str, charset: str):
+        """Column ``name`` (binary) decoded with ``charset``; bytes that are not valid in it fail the
+        Spark job with a :class:`SourceError` message naming topic, partition and offset."""
+        from pyspark.sql import functions as F
+
+        from ..spark_source import source_error
+
+        raw = F.col(name)
+        if charset == "ISO-8859-1":  # every byte string is valid
+            return F.decode(raw, charset).alias(name)
+        text = raw.cast("string")  # UTF-8, of which ASCII is a subset
+        valid = F.is_valid_utf8(text)
+        if charset == "US-ASCII":
+            valid = valid & F.hex(raw).rlike("^([0-7][0-9A-F])*$")
+        message = F.concat(F.lit(f"topic {self.topic!r} partition "), F.col("partition").cast("string"),
+                           F.lit(" offset "), F.col("offset").cast("string"),
+                           F.lit(f": record is not valid {self.encoding} (undecodable {name})"))
+        return (F.when(raw.isNull(), F.lit(None).cast("string"))
+                .when(valid, text)
+                .otherwise(source_error(message).cast("string"))).alias(name)
+
     # --- upstream commit ------------------------------------------------------------------
 
     def commit(self, frontier: Frontier) -> None:
@@ -337,3 +457,100 @@ def _check_range(partition: Partition, start: int, end: int) -> tuple[int, int, 
         raise SourceError(f"Kafka partition must be an int32 >= 0, got {partition!r}")
     check_range(start, end, "offset")
     return partition, start, end
+
+
+# --- Spark reads: pure helpers ------------------------------------------------------------
+
+#: Python codec name -> the Java charset Spark decodes it with, byte for byte the same.  Others
+#: (e.g. "utf-16", whose byte order without a BOM differs between Python and Java) have no Spark
+#: read: :meth:`KafkaSource.spark_read` returns None for them.
+_SPARK_CHARSETS = {"utf-8": "UTF-8", "iso8859-1": "ISO-8859-1", "ascii": "US-ASCII"}
+
+_RANGE_ROWS_SCHEMA = ("_r_partition int not null, _r_start long not null, _r_end long not null, "
+                      "_r_into_time long not null")
+
+
+def spark_range_rows(topic: str, ranges: Iterable[Sequence[Any]]) -> list[tuple[int, int, int, int]]:
+    """``(partition, start, end, into_time)`` of each non-empty range ``(into_time, partition, start, end)``,
+    sorted; :class:`SourceError` for a partition that is not an int32 >= 0 or for overlapping ranges
+    (an offset gets at most one IntoTime)."""
+    rows = []
+    for into_time, partition, start, end in ranges:
+        partition, start, end = _check_range(partition, start, end)
+        if start < end:
+            rows.append((partition, start, end, into_time))
+    rows.sort()
+    for (p, s, e, t), (q, s2, e2, t2) in zip(rows, rows[1:]):
+        if p == q and s2 < e:
+            raise SourceError(f"topic {topic!r} partition {p}: ranges [{s}, {e}) (IntoTime {t}) and "
+                              f"[{s2}, {e2}) (IntoTime {t2}) overlap")
+    return rows
+
+
+def partition_spans(rows: Iterable[tuple[int, int, int, int]]) -> dict[int, tuple[int, int]]:
+    """Per partition, ``(least start, greatest end)`` of the ``(partition, start, end, into_time)`` rows."""
+    spans: dict[int, tuple[int, int]] = {}
+    for partition, start, end, _ in rows:
+        lo, hi = spans.get(partition, (start, end))
+        spans[partition] = (min(lo, start), max(hi, end))
+    return spans
+
+
+#: librdkafka properties that mean the same to the Java client of Spark's Kafka source.
+SPARK_SAME_PROPERTIES = frozenset({
+    "client.id", "client.rack", "security.protocol", "sasl.mechanism", "sasl.kerberos.service.name",
+    "fetch.min.bytes", "fetch.max.bytes", "max.partition.fetch.bytes", "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms", "retry.backoff.ms", "metadata.max.age.ms", "connections.max.idle.ms",
+    "socket.connection.setup.timeout.ms",
+})
+#: librdkafka name -> Java client name, same meaning.
+SPARK_RENAMED_PROPERTIES = {"sasl.mechanisms": "sasl.mechanism", "fetch.wait.max.ms": "fetch.max.wait.ms"}
+#: Prefixes of settings that decide whether (and as whom) a client may connect: one that cannot be
+#: translated is an error rather than dropped, so Spark never connects differently from ``read``.
+_SECURITY_PREFIXES = ("security.", "ssl.", "sasl.", "enable.ssl.", "enable.sasl.")
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def spark_client_options(config: Mapping[str, Any]) -> dict[str, str]:
+    """The ``kafka.<key>`` options of Spark's Kafka source for a source's librdkafka ``config``.
+
+    Passed on: :data:`SPARK_SAME_PROPERTIES` as they are, :data:`SPARK_RENAMED_PROPERTIES` under
+    their Java names, ``ssl.endpoint.identification.algorithm`` (``none`` becomes ``""``),
+    ``ssl.ca.location`` as a PEM trust store, and ``sasl.username``/``sasl.password`` (mechanism
+    PLAIN or SCRAM-SHA-256/512) as ``sasl.jaas.config``.  Any other security setting (``security.*``,
+    ``ssl.*``, ``sasl.*``) is a :class:`SourceError`.  The rest is librdkafka tuning, logging or
+    consumer-group behaviour that Spark's reads do not use (they assign partitions, seek and never
+    commit) and is left out.
+    """
+    out: dict[str, str] = {}
+    mechanism = str(config.get("sasl.mechanism", config.get("sasl.mechanisms", "GSSAPI"))).upper()
+    for key, value in config.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if key in SPARK_SAME_PROPERTIES:
+            out[f"kafka.{key}"] = text
+        elif key in SPARK_RENAMED_PROPERTIES:
+            out[f"kafka.{SPARK_RENAMED_PROPERTIES[key]}"] = text
+        elif key == "ssl.endpoint.identification.algorithm":
+            out["kafka.ssl.endpoint.identification.algorithm"] = "" if text.lower() == "none" else text
+        elif key == "ssl.ca.location":
+            out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": text})
+        elif key in ("sasl.username", "sasl.password"):
+            if mechanism not in _JAAS_MODULES:
+                raise SourceError(f"Kafka config {key!r} with sasl.mechanism {mechanism!r} has no equivalent "
+                                  f"for Spark's Kafka source (PLAIN and SCRAM-SHA-256/512 do)")
+        elif key.startswith(_SECURITY_PREFIXES):
+            raise SourceError(f"Kafka config {key!r} cannot be passed to Spark's Kafka source (Java client); "
+                              f"translated are {sorted(SPARK_SAME_PROPERTIES | set(SPARK_RENAMED_PROPERTIES))}, "
+                              f"ssl.endpoint.identification.algorithm, ssl.ca.location, sasl.username/password")
+    if "sasl.username" in config or "sasl.password" in config:
+        user, password = (_jaas_quote(config.get(k, "")) for k in ("sasl.username", "sasl.password"))
+        out["kafka.sasl.jaas.config"] = f'{_JAAS_MODULES[mechanism]} required username={user} password={password};'
+    return out
+
+
+def _jaas_quote(value: Any) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

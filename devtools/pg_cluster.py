@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .broker import free_port
+from devtools.kafka_broker import free_port
 
 CONFIG = """
 listen_addresses = ''

@@ -1,10 +1,10 @@
-"""The reclock demo on the embedded default: ``python -m reclock.demo`` (``make demo``).
+"""The reclock demo on the embedded default: ``python -m devtools.demo`` (``make demo``).
 
 Four sources with four gauges of progress, each with its own Airflow DAG
 (``airflow dags test``: tick -> Spark reclock -> Great Expectations checks -> publish
 -> resume -> compact):
 
-* ``orders``: a slow Kafka topic, 2 partitions (a local Kafka-protocol broker);
+* ``orders``: a slow Kafka topic, 2 partitions (a local Apache Kafka broker);
 * ``clicks``: a fast Kafka topic, 3 partitions;
 * ``weblogs``: a directory of growing log files, ``(key, byte offset)``;
 * ``payments``: a Postgres table read by logical replication, commit LSN (a private cluster).
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import yaml
 
-from . import pipeline
-from .airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, run
-from .broker import LocalBroker, create_topic, produce
-from .pg_cluster import PgCluster
+from reclock import pipeline
+from devtools.airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, run
+from devtools.kafka_broker import LocalBroker, create_topic, produce
+from devtools.pg_cluster import PgCluster
 
 TOPICS = {"orders": 2, "clicks": 3}  # topic -> partitions
 SOURCES = [*TOPICS, "weblogs", "payments"]
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     env = airflow_env(args.dir / "airflow", config)
 
     with ExitStack() as stack:
-        say("starting a local Kafka-protocol broker (noida-db) and a private Postgres cluster")
+        say("starting a local Apache Kafka broker (Apache Kafka, KRaft) and a private Postgres cluster")
         broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
         cluster = stack.enter_context(PgCluster())
         dsn = cluster.dsn()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DAGS_FOLDER = REPO / "dags"
 PYTHON = sys.executable  # the venv's python (not resolved: the venv is found through this path)
 AIRFLOW = str(Path(PYTHON).parent / "airflow")

@@ -1,25 +1,24 @@
-"""A local Kafka-protocol broker (noida-db) for tests and the demo, plus small topic/produce helpers.
+"""A local Apache Kafka broker (KRaft, no ZooKeeper) for tests, the demo and the benchmark, plus topic helpers.
 
-noida-db ships as one binary inside its PyPI wheel (``<site-packages>/noida_db/noida-db``).
-:class:`LocalBroker` starts it on a free port with a fresh data directory, waits until it
-answers Kafka metadata requests, and stops it with SIGINT (its Ctrl-C path, which saves data)::
+The broker runs from the jars ``make setup`` copies with Maven (``jvm/kafka-broker/pom.xml`` into
+``var/jars/kafka-broker``, apart from Spark's jars). :class:`LocalBroker` writes a one-node
+``server.properties`` (broker and controller in one process) into a fresh log directory, formats the
+storage (``kafka.tools.StorageTool format``), starts ``kafka.Kafka`` on a free port, waits until it
+answers metadata requests and stops it by its PID (SIGTERM: Kafka's controlled shutdown)::
 
     with LocalBroker() as broker:
         create_topic(broker.bootstrap, "orders", partitions=2)
         produce(broker.bootstrap, "orders", [("k", "v")], partition=0)
 
-What noida-db 0.2.3 supports (checked against confluent-kafka 2.16.1): partitions, explicit
-offset fetch, consumer-group offset commits, CreatePartitions, DeleteRecords (moves the log
-start offset), ListOffsets honouring ``isolation.level`` (the last stable offset under
-``read_committed``) and transactions (commit and abort, with control markers taking offsets).
-
-Set ``RECLOCK_NOIDA_BIN`` to use another binary.
+Set ``RECLOCK_KAFKA_JARS`` to run the broker from another folder of jars.
 """
 from __future__ import annotations
 
 import atexit
+import base64
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,33 +31,64 @@ from typing import Iterable, Union
 
 log = logging.getLogger(__name__)
 
+REPO = Path(__file__).resolve().parents[1]
+JARS = REPO / "var" / "jars" / "kafka-broker"
+
 Bytesish = Union[str, bytes, None]
 #: A record to produce: ``value``, ``(key, value)`` or ``(key, value, partition)``.
 Record = Union[Bytesish, tuple]
 
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@{host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+advertised.listeners=PLAINTEXT://{host}:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={log_dir}
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+log.segment.bytes=268435456
+"""
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+_STACK_FRAME = re.compile(r"^\s+(at |\.\.\. \d+ more)")
+
 
 class BrokerError(RuntimeError):
-    """The local broker could not be started, or a helper call to it failed."""
+    """The broker did not start, or an admin/produce request failed."""
 
 
-def noida_binary() -> Path:
-    """Path of the noida-db binary: ``$RECLOCK_NOIDA_BIN`` or the one inside the installed wheel."""
-    override = os.environ.get("RECLOCK_NOIDA_BIN")
-    if override:
-        path = Path(override)
-    else:
-        try:
-            import noida_db
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise BrokerError("noida-db is not installed (pip install noida-db) and RECLOCK_NOIDA_BIN is unset") from e
-        path = Path(noida_db.__file__).resolve().parent / "noida-db"
-    if not path.is_file():
-        raise BrokerError(f"noida-db binary not found at {path}")
-    if not os.access(path, os.X_OK):
-        try:
-            path.chmod(path.stat().st_mode | 0o111)
-        except OSError as e:
-            raise BrokerError(f"noida-db binary at {path} is not executable") from e
+def kafka_jars() -> Path:
+    """The folder of the broker's jars: ``$RECLOCK_KAFKA_JARS`` or ``var/jars/kafka-broker``."""
+    path = Path(os.environ.get("RECLOCK_KAFKA_JARS", JARS))
+    if not any(path.glob("kafka_2.13-*.jar")):
+        raise BrokerError(f"no Kafka broker jars in {path}: run `make setup` (Maven copies them from "
+                          "jvm/kafka-broker/pom.xml)")
     return path
 
 
@@ -73,24 +103,27 @@ def _quiet_logger() -> logging.Logger:
     return logging.getLogger("reclock.librdkafka")
 
 
-class LocalBroker:
-    """One noida-db process serving only Kafka on ``host:port``.
+def _cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
-    ``data_dir=None`` makes a fresh temporary directory, removed on :meth:`stop`
-    (unless ``keep_data``); a given ``data_dir`` is kept.  ``port=None`` picks a free port.
+
+class LocalBroker:
+    """One Apache Kafka process (KRaft broker and controller) serving on ``host:port``.
+
+    ``data_dir=None`` makes a fresh temporary directory, removed on :meth:`stop` (unless
+    ``keep_data``); a given ``data_dir`` is kept (and reused if it was formatted before).
+    ``port=None`` picks a free port.
     """
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike | None = None,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        startup_timeout: float = 30.0,
-        keep_data: bool = False,
-    ) -> None:
+    def __init__(self, data_dir: str | os.PathLike | None = None, port: int | None = None,
+                 host: str = "127.0.0.1", startup_timeout: float = 90.0, keep_data: bool = False,
+                 heap: str = "1g", log_level: str = "WARN") -> None:
         self.host = host
         self.port = port
         self.startup_timeout = startup_timeout
+        self.heap = heap
+        self.log_level = log_level
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self.keep_data = keep_data or data_dir is not None
         self.data_dir: Path | None = None
@@ -116,19 +149,19 @@ class LocalBroker:
     def start(self) -> "LocalBroker":
         if self.running():
             return self
-        binary = noida_binary()
+        jars = kafka_jars()
         if self._given_data_dir is not None:
             self._given_data_dir.mkdir(parents=True, exist_ok=True)
             self.data_dir = self._given_data_dir
         else:
-            self.data_dir = Path(tempfile.mkdtemp(prefix="reclock-noida-"))
-        self.log_path = self.data_dir / "noida.log"
+            self.data_dir = Path(tempfile.mkdtemp(prefix="reclock-kafka-"))
+        self.log_path = self.data_dir / "kafka.log"
         attempts = 1 if self.port is not None else 3  # a picked free port can be taken meanwhile
         last_error: BrokerError | None = None
         for _ in range(attempts):
             port = self.port if self.port is not None else free_port(self.host)
             try:
-                self._launch(binary, port)
+                self._launch(jars, port)
                 self.port = port
                 atexit.register(self.stop)
                 return self
@@ -138,38 +171,64 @@ class LocalBroker:
         assert last_error is not None
         raise last_error
 
-    def _launch(self, binary: Path, port: int) -> None:
+    def _java(self, jars: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
+        java = shutil.which("java") or "java"
+        return [java, f"-Xmx{heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-cp", f"{jars}/*", main, *args]
+
+    def _configure(self, jars: Path, port: int) -> Path:
+        """Write server.properties (and log4j2.properties); format the storage once."""
+        assert self.data_dir is not None
+        log_dir = self.data_dir / "logs"
+        props = self.data_dir / "server.properties"
+        props.write_text(SERVER_PROPERTIES.format(host=self.host, port=port, controller_port=free_port(self.host),
+                                                  log_dir=log_dir))
+        (self.data_dir / "log4j2.properties").write_text(LOG4J2.format(level=self.log_level))
+        if not (log_dir / "meta.properties").exists():
+            fmt = subprocess.run(self._java(jars, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                                            "-c", str(props), "--ignore-formatted"),
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+            if fmt.returncode:
+                raise BrokerError(f"formatting Kafka storage in {log_dir} failed ({fmt.returncode}):\n"
+                                  f"{(fmt.stdout + fmt.stderr)[-3000:]}")
+        return props
+
+    def _launch(self, jars: Path, port: int) -> None:
         assert self.data_dir is not None and self.log_path is not None
-        cmd = [str(binary), "start", "--data-dir", str(self.data_dir), "--host", self.host,
-               "--only", "kafka", "--kafka-port", str(port)]
+        props = self._configure(jars, port)
+        cmd = self._java(jars, "kafka.Kafka", str(props), heap=self.heap)
         self._log_file = open(self.log_path, "ab")
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
-                                      stderr=subprocess.STDOUT, cwd=str(self.data_dir))
+                                      stderr=subprocess.STDOUT, cwd=str(self.data_dir), start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         bootstrap = f"{self.host}:{port}"
         while True:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._reap()
-                raise BrokerError(f"noida-db exited with code {code} while starting on {bootstrap}; "
+                raise BrokerError(f"Kafka exited with code {code} while starting on {bootstrap}; "
                                   f"command: {' '.join(cmd)}\nlog tail:\n{self.log_tail()}")
             if _accepts_kafka(bootstrap, timeout=1.0):
-                log.info("noida-db (pid %s) serving Kafka on %s, data in %s", self._proc.pid, bootstrap, self.data_dir)
+                log.info("Kafka (pid %s) serving on %s, data in %s", self._proc.pid, bootstrap, self.data_dir)
                 return
             if time.monotonic() > deadline:
                 self._terminate()
-                raise BrokerError(f"noida-db did not accept Kafka connections on {bootstrap} within "
+                raise BrokerError(f"Kafka did not accept connections on {bootstrap} within "
                                   f"{self.startup_timeout:.0f}s; command: {' '.join(cmd)}\nlog tail:\n{self.log_tail()}")
-            time.sleep(0.2)
+            time.sleep(0.3)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the broker's log, without Java stack frames (``at ...``,
+        ``... N more``), which would otherwise crowd out the messages that say what went wrong."""
         if self.log_path is None or not self.log_path.exists():
             return "(no log)"
-        text = self.log_path.read_text(errors="replace").splitlines()
+        text = [line for line in self.log_path.read_text(errors="replace").splitlines()
+                if not _STACK_FRAME.match(line)]
         return "\n".join(text[-lines:]) or "(empty log)"
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGINT the broker (its clean shutdown), escalate to SIGTERM/SIGKILL if it lingers."""
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the broker (controlled shutdown), SIGKILL if it lingers; remove a temporary data dir."""
         if self._proc is not None:
             self._terminate(timeout)
         self._cleanup_dir()
@@ -178,21 +237,21 @@ class LocalBroker:
         except Exception:  # pragma: no cover
             pass
 
-    def _terminate(self, timeout: float = 10.0) -> None:
+    def _terminate(self, timeout: float = 20.0) -> None:
         proc = self._proc
         if proc is None:
             return
         if proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
                 try:
-                    proc.send_signal(sig)
+                    os.kill(proc.pid, sig)
                 except ProcessLookupError:
                     break
                 try:
                     proc.wait(wait)
                     break
                 except subprocess.TimeoutExpired:
-                    log.warning("noida-db (pid %s) still running after %s", proc.pid, sig.name)
+                    log.warning("Kafka (pid %s) still running after %s", proc.pid, sig.name)
         self._reap()
 
     def _reap(self) -> None:
@@ -286,6 +345,23 @@ def delete_records(bootstrap: str, topic: str, partition: int, before: int, time
     _wait(futures, "delete records of", timeout)
 
 
+def last_stable_offsets(bootstrap: str, topic: str, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, int]:
+    """Per partition, ListOffsets "latest" under read_committed: the last stable offset."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = _admin(bootstrap)
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+    out = {}
+    for tp, future in futures.items():
+        try:
+            out[tp.partition] = future.result(timeout).offset
+        except Exception as e:
+            raise BrokerError(f"list offsets of {topic} partition {tp.partition}: {e}") from e
+    return out
+
+
 def _normalize(record: Record, partition: int | None) -> tuple[Bytesish, Bytesish, int | None]:
     if isinstance(record, tuple):
         if len(record) == 2:
@@ -296,12 +372,16 @@ def _normalize(record: Record, partition: int | None) -> tuple[Bytesish, Bytesis
     return None, record, partition
 
 
-def _produce_all(producer, topic: str, records: Iterable[Record], partition: int | None) -> None:
+def _produce_all(producer, topic: str, records: Iterable[Record], partition: int | None) -> dict[int, int]:
+    """Produce and flush; return the first offset written to each partition."""
     errors: list[str] = []
+    first: dict[int, int] = {}
 
     def on_delivery(err, msg):
         if err is not None:
             errors.append(f"partition {msg.partition()}: {err}")
+        else:
+            first[msg.partition()] = min(msg.offset(), first.get(msg.partition(), msg.offset()))
 
     for record in records:
         key, value, part = _normalize(record, partition)
@@ -315,6 +395,7 @@ def _produce_all(producer, topic: str, records: Iterable[Record], partition: int
         raise BrokerError(f"{remaining} records to {topic} not delivered within 30s")
     if errors:
         raise BrokerError(f"produce to {topic} failed: {'; '.join(errors[:5])}")
+    return first
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[Record], partition: int | None = None) -> None:
@@ -328,13 +409,21 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], partition: in
 
 
 class Transaction:
-    """An open Kafka transaction: :meth:`produce` into it, then :meth:`commit` or :meth:`abort`."""
+    """An open Kafka transaction: :meth:`produce` into it, then :meth:`commit` or :meth:`abort`.
+
+    :meth:`commit` and :meth:`abort` return once the transaction is complete in the log, i.e. its
+    control markers are written: Kafka answers EndTxn as soon as the coordinator logged the
+    decision and writes the markers afterwards, so without waiting the last stable offset may
+    still sit on the transaction, and records produced next may land before its markers.
+    """
 
     def __init__(self, bootstrap: str, topic: str, transactional_id: str | None = None, timeout: float = 10.0):
         from confluent_kafka import Producer
 
+        self.bootstrap = bootstrap
         self.topic = topic
         self.timeout = timeout
+        self._first: dict[int, int] = {}  # partition -> first offset this transaction wrote
         self._producer = Producer({"bootstrap.servers": bootstrap, "logger": _quiet_logger(), "linger.ms": 0,
                                    "transactional.id": transactional_id or f"reclock-{uuid.uuid4().hex}"})
         try:
@@ -346,15 +435,37 @@ class Transaction:
 
     def produce(self, records: Iterable[Record], partition: int | None = None) -> None:
         """Produce into the transaction and flush (the records are written but not yet committed)."""
-        _produce_all(self._producer, self.topic, records, partition)
+        for p, offset in _produce_all(self._producer, self.topic, records, partition).items():
+            self._first[p] = min(offset, self._first.get(p, offset))
 
     def commit(self) -> None:
         self._producer.commit_transaction(self.timeout)
         self.done = True
+        self._wait_for_markers()
 
     def abort(self) -> None:
         self._producer.abort_transaction(self.timeout)
         self.done = True
+        self._wait_for_markers()
+
+    def _wait_for_markers(self) -> None:
+        """Wait until no partition's last stable offset is this transaction's first offset there.
+
+        The LSO is the first offset of the oldest open transaction: equal to ours, ours is still
+        open in the log; below it, an older transaction holds it (ours is invisible behind it);
+        above it, our markers are written.
+        """
+        pending = dict(self._first)
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            lso = last_stable_offsets(self.bootstrap, self.topic, pending, self.timeout)
+            pending = {p: first for p, first in pending.items() if lso[p] == first}
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(f"transaction markers on {self.topic} partitions {sorted(pending)} not written "
+                                  f"within {self.timeout}s (last stable offsets {lso})")
+            time.sleep(0.02)
 
     def __enter__(self) -> "Transaction":
         return self
@@ -373,16 +484,16 @@ def produce_transaction(bootstrap: str, topic: str, records: Iterable[Record], p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reclock.broker [--port P] [--data-dir D]``: run a broker until Ctrl-C (for the demo)."""
+    """``python -m devtools.kafka_broker [--port P] [--data-dir D]``: run a broker until Ctrl-C (for the demo)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m reclock.broker", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools.kafka_broker", description=main.__doc__)
     parser.add_argument("--port", type=int, default=None, help="Kafka port (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--data-dir", default=None, help="keep data here (default: a temporary dir, removed)")
     args = parser.parse_args(argv)
     with LocalBroker(data_dir=args.data_dir, port=args.port, host=args.host) as broker:
-        print(f"Kafka bootstrap: {broker.bootstrap} (noida-db pid {broker.pid}, data {broker.data_dir}); Ctrl-C stops",
+        print(f"Kafka bootstrap: {broker.bootstrap} (Kafka pid {broker.pid}, data {broker.data_dir}); Ctrl-C stops",
               flush=True)
         try:
             while broker.running():
