@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup demo test test-fast bench clean
 
 setup: $(STAMP)
+	bash jvm/fetch-jars.sh $(BIN)/python
 
 $(STAMP): requirements.txt pyproject.toml include/system-packages.sh
 	bash include/system-packages.sh
@@ -29,4 +30,4 @@ bench: setup
 	$(BIN)/python bench/reclock_bench.py
 
 clean:
-	rm -rf var/ spark-warehouse/
+	rm -rf var/demo var/bench spark-warehouse/

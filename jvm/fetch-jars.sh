@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the JVM jars of each jvm/<name>/pom.xml into var/jars/<name> (git-ignored), idempotently:
-# a folder is fetched again only when its pom changed. Spark's folder keeps only what pyspark does not
+# a folder is fetched again only when its pom changed. Spark's folders keep only what pyspark does not
 # ship already (pyspark's own jars win, so the classpath has one copy of each library).
 # Usage: jvm/fetch-jars.sh PYTHON   (the venv's interpreter, to find pyspark's jars)
 set -euo pipefail
@@ -17,7 +17,7 @@ for pom in jvm/*/pom.xml; do
   echo "reclock: fetching the $name jars with Maven ($pom)"
   rm -rf "$out.tmp"
   mvn -q -B -f "$pom" dependency:copy-dependencies -DoutputDirectory="$PWD/$out.tmp" -DincludeScope=runtime
-  if [ "$name" = spark ]; then
+  if [ "$name" != kafka-broker ]; then
     shipped=$(for j in "$pyspark_jars"/*.jar; do artifact "$j"; done | sort -u)
     for j in "$out.tmp"/*.jar; do
       if grep -qxF "$(artifact "$j")" <<<"$shipped"; then rm "$j"; fi

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 JARS = Path(__file__).resolve().parents[2] / "var" / "jars" / "spark"
+S3_JARS = JARS.parent / "spark-s3"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -26,20 +27,27 @@ def jars_dir() -> Path:
     return Path(os.environ.get("RECLOCK_SPARK_JARS", JARS))
 
 
-def spark_jars() -> list[str]:
-    """The jars every reclock session loads: delta-spark and spark-sql-kafka with their dependencies."""
+def spark_jars(s3: bool = False) -> list[str]:
+    """The jars a reclock session loads: delta-spark and spark-sql-kafka with their dependencies, and with
+    ``s3`` (or ``RECLOCK_SPARK_S3=1``) hadoop-aws for ``s3a://`` (``RECLOCK_SPARK_S3_JARS`` names its folder)."""
     folder = jars_dir()
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any("delta-spark" in j for j in jars) or not any("spark-sql-kafka" in j for j in jars):
         raise SparkSetupError(f"no delta-spark / spark-sql-kafka jars in {folder}: run `make setup` "
                               "(Maven copies them from jvm/spark/pom.xml) or set RECLOCK_SPARK_JARS")
+    if s3 or os.environ.get("RECLOCK_SPARK_S3") == "1":
+        s3_folder = Path(os.environ.get("RECLOCK_SPARK_S3_JARS", S3_JARS))
+        s3_jars = sorted(str(p) for p in s3_folder.glob("*.jar"))
+        if not any("hadoop-aws" in j for j in s3_jars):
+            raise SparkSetupError(f"no hadoop-aws jars in {s3_folder}: run `make setup` (jvm/spark-s3/pom.xml)")
+        jars += s3_jars
     return jars
 
 
-def session_conf() -> dict[str, str]:
+def session_conf(s3: bool = False) -> dict[str, str]:
     """What every reclock session is configured with (also what spark-submit gets as --conf)."""
     return {
-        "spark.jars": ",".join(spark_jars()),
+        "spark.jars": ",".join(spark_jars(s3)),
         **DELTA_CONF,
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
@@ -53,22 +61,25 @@ def session_conf() -> dict[str, str]:
     }
 
 
-def _builder(app_name: str):
+def _builder(app_name: str, s3: bool = False):
     from pyspark.sql import SparkSession
 
     # Python workers must import reclock: run them on this interpreter unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf().items():
+    for key, value in session_conf(s3).items():
         builder = builder.config(key, value)
     return builder
 
 
-def get_spark(master: str | None = None, app_name: str = "reclock"):
-    """A session on ``master`` (default ``$RECLOCK_SPARK_MASTER`` or ``local[2]``)."""
-    return _builder(app_name).master(master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]")).getOrCreate()
+def get_spark(master: str | None = None, app_name: str = "reclock", s3: bool = False):
+    """A session on ``master`` (default ``$RECLOCK_SPARK_MASTER`` or ``local[2]``); ``s3``: with s3a:// jars.
+
+    Like every ``getOrCreate``, an existing session of this process is returned as it is.
+    """
+    return _builder(app_name, s3).master(master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]")).getOrCreate()
 
 
-def submitted_spark(app_name: str = "reclock"):
+def submitted_spark(app_name: str = "reclock", s3: bool = False):
     """The session of a job started by spark-submit, which chose the master."""
-    return _builder(app_name).getOrCreate()
+    return _builder(app_name, s3).getOrCreate()

@@ -278,6 +278,13 @@ class SourceTables:
     def _spark_path(self, relative: str) -> str:
         return f"{_spark_uri(self.uri)}/{relative}"
 
+    def staging_dir(self, upto: int) -> str:
+        """A fresh attempt directory (Spark URI) for the staged rows of the bindings up to IntoTime ``upto``.
+
+        Write it with Spark's default committer (``_SUCCESS`` marks a complete attempt).
+        """
+        return self._spark_path(_attempt_dir(_upto_dir(upto)))
+
     def stage(self, df, upto: int) -> int:
         """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh staged attempt; rows staged.
 
