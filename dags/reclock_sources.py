@@ -74,7 +74,7 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
         "spark_binary": str(bin_dir / "spark-submit") if (bin_dir / "spark-submit").exists() else "spark-submit",
         # pip's spark-submit finds SPARK_HOME by running $PYSPARK_PYTHON (default: python3 on PATH).
         "env_vars": {"PYSPARK_PYTHON": sys.executable} if same_python else None,
-        "conf": {**session_conf(), **({"spark.pyspark.python": sys.executable} if same_python else {}),
+        "conf": {**session_conf(s3=config.warehouse.startswith("s3")), **({"spark.pyspark.python": sys.executable} if same_python else {}),
                  **config.spark_conf},
     }
 

@@ -50,7 +50,7 @@ def test_scheduled_dag_reclocks_and_a_failed_check_publishes_nothing(tmp_path, k
     assert sorted(r[0] for r in rows) == sorted(f"v{i}" for i in range(10))
     with pipeline.open_source("events", config) as ctx:
         upper_after_first = ctx.tables.reclocked_upper()
-        staged_root = ctx.tables.table_uri("reclocked")
+        staged_root = ctx.tables.uri
 
     produce(kafka_broker, topic, [("k", "bad-batch", 0)])
     failed = run_dag_test("reclock_events", env, adjust=f"STAGED = {staged_root!r}\n" + CORRUPT)
