@@ -41,3 +41,22 @@ def spark():
     session = get_spark("local[2]", app_name="reclock-tests")
     yield session
     session.stop()
+
+
+def stage_parquet(tables, upto: int, rows: list[dict], schema=None) -> str:
+    """Stage ``rows`` for the bindings up to ``upto`` as a completed Spark job would (one Parquet file and
+    ``_SUCCESS`` in a fresh attempt directory), with pyarrow: no Spark job; returns the attempt directory.
+
+    ``schema`` (default: the reclocked table's) lets a test stage a file the publish must refuse.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reclock.warehouse import SUCCESS
+
+    directory = tables.staging_dir(upto)
+    os.makedirs(directory)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema or tables.schemas["reclocked"]),
+                   f"{directory}/part-00000.parquet")
+    open(f"{directory}/{SUCCESS}", "w").close()
+    return directory

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import stage_parquet
 
 from reclock import cli, pipeline
 from devtools.kafka_broker import create_topic, produce
@@ -22,7 +21,7 @@ from reclock.sinks import SinkError, write_cdcv2
 from reclock.sources import build_source
 from reclock.sources.base import SourceError
 from reclock.sources.cdcv2 import FINISHED, open_transport, transport_texts
-from reclock.warehouse import SUCCESS, Warehouse
+from reclock.warehouse import Warehouse
 
 # Non-negative multiplicities at every time; retractions at later times than their insertions.
 HISTORY = [("a", 0, 1), ("b", 0, 2), (("x", 1), 3, 1), (7, 5, 1), ("b", 8, -1), ("c", 12, 1), ("a", 15, -1),
@@ -105,20 +104,16 @@ def test_finished_stream_and_bad_messages(tmp_path):
         build_source({"kind": "cdcv2", "transport": str(tmp_path / "bad")}).upper()
 
 
-def test_sink_to_files_incremental_idempotent_and_refuses_compacted(tmp_path):
+def test_sink_to_files_incremental_idempotent_and_refuses_compacted(tmp_path, spark):
     schema = pa.schema([("value", pa.string())])
-    tables = Warehouse(str(tmp_path / "wh")).source("orders", pa.int32(), schema)
+    tables = Warehouse(str(tmp_path / "wh")).source("orders", pa.int32(), schema, spark=spark)
     out = tmp_path / "out"
 
     def publish(into_time: int, uppers: dict, rows: list[tuple]) -> None:
         before = tables.read_remap()
         assert tables.append_binding(before, before.mint(into_time, Frontier.of(uppers)))
-        directory = tables.staging_dir(into_time)
-        os.makedirs(directory)
-        pq.write_table(pa.Table.from_pylist(
-            [{"value": v, "partition": p, "offset": o, "into_time": into_time, "diff": 1} for v, p, o in rows],
-            schema=tables.schemas["reclocked"]), f"{directory}/part-0.parquet")
-        open(f"{directory}/{SUCCESS}", "w").close()
+        stage_parquet(tables, into_time, [{"value": v, "partition": p, "offset": o, "into_time": into_time,
+                                           "diff": 1} for v, p, o in rows])
         assert tables.publish_staged(into_time)
 
     def expected() -> Counter:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import yaml
+from conftest import stage_parquet
 from hypothesis import given, settings, strategies as st
 
 from reclock import offsets, pipeline
@@ -304,8 +305,8 @@ def test_segment_batches_store_big_offsets_encoded(tmp_path):
 DATA = pa.schema([("data", pa.string())])
 
 
-def test_warehouse_round_trips_and_compacts_big_increments_exactly(tmp_path):
-    tables = Warehouse(str(tmp_path / "wh")).source("kin", pa.string(), DATA, offset_type=offsets.BIG)
+def test_warehouse_round_trips_and_compacts_big_increments_exactly(tmp_path, spark):
+    tables = Warehouse(str(tmp_path / "wh")).source("kin", pa.string(), DATA, offset_type=offsets.BIG, spark=spark)
     assert tables.schemas["remap"].field("increment").type == pa.string()
     assert tables.schemas["reclocked"].field("offset").type == pa.string()
     records = [r for phase in KINESIS for r in phase]
@@ -318,7 +319,7 @@ def test_warehouse_round_trips_and_compacts_big_increments_exactly(tmp_path):
         batch = [r for r in reclock(updates, remap) if r.into_time == t]
         rows = [{"data": d, "partition": p, "offset": offsets.encode(o), "into_time": it, "diff": diff}
                 for d, p, o, it, diff in batch]
-        stage(tables, t, rows)
+        stage_parquet(tables, t, rows)
         assert tables.publish_staged(t)
         before = remap
     stored = tables.read_remap()
@@ -341,23 +342,9 @@ def test_warehouse_round_trips_and_compacts_big_increments_exactly(tmp_path):
 
     with pytest.raises(WarehouseError, match="exists with another schema"):
         Warehouse(str(tmp_path / "wh")).source("kin", pa.string(), DATA)  # int64 offsets: refused
-    small = Warehouse(str(tmp_path / "wh")).source("small", pa.string(), DATA)
+    small = Warehouse(str(tmp_path / "wh")).source("small", pa.string(), DATA, spark=spark)
     with pytest.raises(WarehouseError, match="does not fit int64"):
         small.append_binding(Remap(), Remap().mint(1, Frontier.of({SHARD0: SEQ0})))
-
-
-def stage(tables, upto: int, rows: list[dict]) -> None:
-    """Stage like a completed Spark job (Parquet + _SUCCESS), without Spark."""
-    import os
-
-    import pyarrow.parquet as pq
-
-    from reclock.warehouse import SUCCESS
-
-    directory = tables.staging_dir(upto)
-    os.makedirs(directory)
-    pq.write_table(pa.Table.from_pylist(rows, schema=tables.schemas["reclocked"]), f"{directory}/part-0.parquet")
-    open(f"{directory}/{SUCCESS}", "w").close()
 
 
 def test_checks_decode_big_offsets():

@@ -44,11 +44,12 @@ def test_transactions_entries_are_validated(tmp_path):
         load_config(write_config(tmp_path, MAIN + MAIN))
 
 
-def test_compaction_of_its_sources_waits_for_the_step(tmp_path):
+def test_compaction_of_its_sources_waits_for_the_step(tmp_path, spark):
     path = write_config(tmp_path, MAIN)
     assert _consumers_progress("dbz_data", path) == [-1]  # never ran: its sources must not compact
     config = load_config(path)
-    tables = TxnTables(Warehouse(config.warehouse), "main", pa.int32(), KafkaSource.data_schema)
+    tables = TxnTables(Warehouse(config.warehouse), "main", pa.int32(), KafkaSource.data_schema, spark)
+    assert _consumers_progress("dbz_data", path) == [-1]  # tables created, nothing processed yet
     tables.append("temp", [], TEMP_APP, 5_000)
     assert _consumers_progress("dbz_data", path) == [5_000]
     assert _consumers_progress("dbz_tx", path) == [5_000]

@@ -1,30 +1,36 @@
-"""Delta Lake warehouse: real tables on disk, real local Spark for the Parquet bridge.
+"""Delta Lake warehouse: real tables on disk, written by delta-spark, read by Spark and by deltalake.
 
-Spark tests use the session-scoped ``spark`` fixture of conftest.py (a module-scoped one
-here would stop the shared getOrCreate session under other modules).
+Every write goes through the session-scoped ``spark`` fixture of conftest.py (a module-scoped
+one here would stop the shared getOrCreate session under other modules); without a session
+the tables are read-only (the light ``deltalake`` reader).  Batches are staged with pyarrow as a
+completed Spark job would (conftest ``stage_parquet``) unless a test is about Spark's own staging.
+Delta operations take seconds each, so the published history the compaction tests start from
+is built once per module and copied for each test.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from conftest import stage_parquet
 from deltalake import DeltaTable
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from reclock import warehouse
 from reclock.engine import Frontier, Remap, Update, as_of, compact_updates, reclock
-from reclock.warehouse import SINCE_APP, SUCCESS, Warehouse, WarehouseError
+from reclock.warehouse import KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, Warehouse, WarehouseError
 
 DATA = pa.schema([("value", pa.string())])
 
 
 @pytest.fixture
-def tables(tmp_path):
-    return Warehouse(str(tmp_path / "warehouse")).source("orders", pa.int32(), DATA)
+def tables(tmp_path, spark):
+    return Warehouse(str(tmp_path / "warehouse")).source("orders", pa.int32(), DATA, spark=spark)
 
 
 def ticks(remap: Remap, *bindings: tuple[int, dict]) -> list[Remap]:
@@ -49,24 +55,23 @@ def rows_of(table: pa.Table) -> Counter:
     return Counter(tuple(r.values()) for r in table.to_pylist())
 
 
-def stage_with_pyarrow(tables, upto: int, rows: list[dict], schema: pa.Schema | None = None) -> str:
-    """Stage like a completed Spark job would (Parquet file + _SUCCESS), without starting Spark."""
-    directory = tables.staging_dir(upto)
-    os.makedirs(directory)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema or tables.schemas["reclocked"]),
-                   f"{directory}/part-00000.parquet")
-    open(f"{directory}/{SUCCESS}", "w").close()
-    return directory
+def spark_rows(df) -> Counter:
+    return Counter(tuple(r) for r in df.collect())
 
 
-def spark_frame(spark, tables, rows: list[dict]):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    schema = from_arrow_schema(tables.schemas["reclocked"])
+def reclocked_frame(spark, tables, rows: list[dict]):
+    """A Spark DataFrame of reclocked rows, in two partitions (so Spark writes several files)."""
+    schema = tables.spark_schema("reclocked")
     return spark.createDataFrame([tuple(r.values()) for r in rows], schema).repartition(2)
 
 
-# --- 1. the Spark -> Parquet -> deltalake commit bridge ---------------------------------------
+def operations_after(tables, kind, version: int) -> list[str]:
+    """The Delta operations committed to the table after ``version``, oldest first."""
+    return [c["operation"] for c in sorted(tables.table(kind).history(), key=lambda c: c["version"])
+            if c["version"] > version]
+
+
+# --- 1. Spark stages, publish appends in one idempotent commit ---------------------------------
 
 
 @pytest.mark.slow
@@ -74,24 +79,28 @@ def test_spark_staged_files_publish_in_one_commit(spark, tables):
     remap = store(tables, ticks(Remap(), (10, {0: 2}), (11, {0: 3, 1: 1})))
     updates = [Update("a", 0, 0), Update("b", 0, 1), Update("c", 0, 2), Update("d", 1, 0), Update("late", 1, 5)]
     expected = as_rows(reclock(updates, remap))
-    assert tables.stage(spark_frame(spark, tables, expected), 11) == 4
+    assert tables.stage(reclocked_frame(spark, tables, expected), 11) == 4
     assert rows_of(pa.Table.from_pandas(tables.read_staged(11))) == rows_of(pa.Table.from_pylist(expected))
-    version = tables.table("reclocked").version()
+    version = tables.version("reclocked")
 
     assert tables.publish_staged(11)
 
     dt = DeltaTable(tables.table_uri("reclocked"))
-    assert dt.version() == version + 1
-    assert dt.history(1)[0]["operation"] == "WRITE"
+    assert dt.version() == version + 1  # one commit
+    (commit,) = dt.history(1)
+    assert commit["operation"] == "WRITE" and commit["operationParameters"]["mode"] == "Append"
+    assert dt.transaction_version(RECLOCKED_APP) == 11  # the app transaction commits with the rows
     assert rows_of(dt.to_pyarrow_table()) == rows_of(pa.Table.from_pylist(expected))
     assert dt.count() == len(expected) == 4  # "late" is beyond the frontier; numRecords stats are right
-    assert len(tables.snapshot_files("reclocked")) == 2
-    spark_rows = Counter(tuple(r) for r in tables.read_reclocked_spark(spark).collect())
-    assert spark_rows == rows_of(pa.Table.from_pylist(expected))
+    snapshot = spark.read.parquet(*tables.snapshot_files("reclocked")).select(*tables.schemas["reclocked"].names)
+    assert spark_rows(snapshot) == rows_of(pa.Table.from_pylist(expected))  # the snapshot's files, read by Spark
+    assert spark_rows(tables.read_reclocked_spark(spark)) == rows_of(pa.Table.from_pylist(expected))
     assert tables.reclocked_upper() == 12
+    staged = f"{tables.uri}/staged"
+    assert not [name for _, _, names in os.walk(staged) for name in names]  # copied in, then removed
 
     assert not tables.publish_staged(11)  # idempotent: already published
-    assert tables.stage(spark_frame(spark, tables, expected), 11) == 0  # nothing staged again
+    assert tables.stage(reclocked_frame(spark, tables, expected), 11) == 0  # nothing staged again
     assert DeltaTable(tables.table_uri("reclocked")).version() == version + 1
 
 
@@ -107,12 +116,16 @@ def test_spark_reads_empty_table_with_schema(spark, tables):
 
 def test_append_binding_is_idempotent_and_round_trips(tables):
     remaps = ticks(Remap(), (5, {0: 3}), (7, {0: 3, 1: 2}), (9, {0: 3, 1: 2}))  # last tick does not move
-    version = tables.table("remap").version()
+    assert tables.version("remap") == 0  # delta-spark's CREATE TABLE
     remap = store(tables, remaps)
-    assert tables.table("remap").version() == version + 3  # one commit per tick, even the empty one
+    assert tables.version("remap") == 3  # one commit per tick, even the empty one
+    assert operations_after(tables, "remap", 0) == ["WRITE"] * 3
     assert not tables.append_binding(remaps[-2], remaps[-1])  # same tick twice
     assert not tables.append_binding(remaps[0], remaps[1])
-    assert tables.table("remap").version() == version + 3
+    # Delta's idempotent write: an append at a txnVersion not above the stored one is skipped
+    stale = tables._remap_rows(remaps[1].increments())
+    tables._append("remap", tables._frame("remap", stale), REMAP_APP, 5)
+    assert tables.version("remap") == 3
     stored = tables.read_remap()
     assert stored == remap and stored.upper == 10 and tables.remap_upper() == 10
     assert rows_of(tables._read("remap")) == Counter(tuple(r) for r in remap.increments())
@@ -122,35 +135,46 @@ def test_append_binding_refuses_a_gap(tables):
     remaps = ticks(Remap(), (5, {0: 3}), (7, {0: 4}))
     with pytest.raises(WarehouseError, match="stored remap has upper 0"):
         tables.append_binding(remaps[1], remaps[2])
-    assert tables.read_remap() == Remap()
+    assert tables.read_remap() == Remap() and tables.version("remap") == 0
 
 
-def test_tables_reopen_with_same_state_and_check_schema(tmp_path):
-    warehouse = Warehouse(str(tmp_path / "w"))
-    first = warehouse.source("s", pa.string(), DATA)
-    remap = store(first, ticks(Remap(), (3, {"a": 1})))
-    again = Warehouse(str(tmp_path / "w")).source("s", pa.string(), DATA)
-    assert again.read_remap() == remap and again.since() == 0
+def test_tables_reopen_with_same_state_and_check_schema(tmp_path, spark):
+    wh = Warehouse(str(tmp_path / "w"))
+    first = wh.source("s", pa.string(), DATA, spark=spark)
+    remaps = ticks(Remap(), (3, {"a": 1}), (4, {"a": 2}))
+    remap = store(first, remaps[:2])
+    again = Warehouse(str(tmp_path / "w")).source("s", pa.string(), DATA)  # no Spark: the light reader
+    assert again.read_remap() == remap and again.since() == 0 and again.reclocked_upper() == 0
+    with pytest.raises(WarehouseError, match="needs a Spark session"):
+        again.append_binding(remaps[1], remaps[2])  # read-only without a session
+    assert again.remap_upper() == 4
     with pytest.raises(WarehouseError, match="partition: string"):
-        warehouse.source("s", pa.int32(), DATA)
+        wh.source("s", pa.int32(), DATA)
+    with pytest.raises(WarehouseError, match="partition: string"):
+        wh.source("s", pa.int32(), DATA, spark=spark)  # not created over, either
+    missing = wh.source("never", pa.int32(), DATA)  # without Spark, missing tables read as empty
+    assert missing.read_remap() == Remap() and missing.reclocked_upper() == 0 and missing.version("remap") == -1
+    assert missing.read_reclocked_arrow().num_rows == 0 and not os.path.exists(tmp_path / "w" / "never")
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=5, deadline=None)  # every tick is a Spark commit: few, small examples
 @given(st.lists(st.tuples(st.integers(1, 3), st.dictionaries(st.sampled_from([0, 1, 2]), st.integers(0, 2))),
-                max_size=6))
-def test_read_remap_round_trips_any_ticks(steps):
+                max_size=4))
+@example([(1, {0: 2}), (2, {}), (1, {1: 1, 2: 0}), (3, {0: 1, 2: 2})])  # an empty tick, a partition at 0
+def test_read_remap_round_trips_any_ticks(spark, steps):
     remaps, into_time, frontier = [Remap()], 0, Frontier()
     for gap, growth in steps:
         into_time += gap
         frontier = frontier.advanced_by(growth)
         remaps.append(remaps[-1].mint(into_time, frontier))
     with tempfile.TemporaryDirectory() as root:
-        tables = Warehouse(root).source("s", pa.int32(), DATA)
+        tables = Warehouse(root).source("s", pa.int32(), DATA, spark=spark)
         store(tables, remaps)
         assert tables.read_remap() == remaps[-1]
+        assert Warehouse(root).source("s", pa.int32(), DATA).read_remap() == remaps[-1]  # reopened, no Spark
 
 
-# --- publishing checks (no Spark needed) ---------------------------------------------------------
+# --- publishing checks (no Spark job reads a refused file) -----------------------------------------
 
 
 def test_publish_refuses_wrong_schema_incomplete_or_out_of_range_files(tables):
@@ -159,15 +183,15 @@ def test_publish_refuses_wrong_schema_incomplete_or_out_of_range_files(tables):
         tables.publish_staged(10)
     wrong = pa.schema([("value", pa.string()), ("partition", pa.int64()), ("offset", pa.int64()),
                        ("into_time", pa.int64()), ("extra", pa.int64())])
-    stage_with_pyarrow(tables, 10, [{"value": "a", "partition": 0, "offset": 0, "into_time": 10, "extra": 1}], wrong)
+    stage_parquet(tables, 10, [{"value": "a", "partition": 0, "offset": 0, "into_time": 10, "extra": 1}], wrong)
     with pytest.raises(WarehouseError, match=r"missing \['diff'\]; unexpected \['extra'\]; partition: int64"):
         tables.publish_staged(10)
-    stage_with_pyarrow(tables, 10, as_rows([("b", 0, 1, 20, 1)]))
+    stage_parquet(tables, 10, as_rows([("b", 0, 1, 20, 1)]))
     with pytest.raises(WarehouseError, match=r"IntoTimes \[20, 20\] outside \[0, 10\]"):
         tables.publish_staged(10)
     with pytest.raises(WarehouseError, match="remap upper is 21"):
         tables.publish_staged(21)
-    assert tables.table("reclocked").version() == 0 and tables.reclocked_upper() == 0
+    assert tables.version("reclocked") == 0 and tables.reclocked_upper() == 0
 
 
 def test_publish_of_an_empty_tick_records_the_upper(tables):
@@ -177,6 +201,7 @@ def test_publish_of_an_empty_tick_records_the_upper(tables):
     open(f"{directory}/{SUCCESS}", "w").close()
     assert tables.publish_staged(11)
     assert tables.reclocked_upper() == 12 and tables.read_reclocked_arrow().num_rows == 0
+    assert tables.version("reclocked") == 1  # the upper commits alone, with no rows
 
 
 # --- 3. compaction ---------------------------------------------------------------------------
@@ -191,16 +216,33 @@ def build_history(tables) -> tuple[Remap, list]:
     published = []
     for upto in (10, 20, 30, 40):
         batch = [r for r in reclock(updates, remap) if upto - 10 < r.into_time <= upto]
-        stage_with_pyarrow(tables, upto, as_rows(batch))
+        stage_parquet(tables, upto, as_rows(batch))
         assert tables.publish_staged(upto)
         published += batch
     return remap, published
 
 
-def test_compact_preserves_queries_at_or_after_since(tables):
-    remap, updates = build_history(tables)
+@pytest.fixture(scope="module")
+def built_history(tmp_path_factory, spark):
+    """One warehouse with :func:`build_history` published (versions: remap 0-4, reclocked 0-4)."""
+    root = tmp_path_factory.mktemp("history")
+    remap, published = build_history(Warehouse(str(root)).source("orders", pa.int32(), DATA, spark=spark))
+    return root, remap, published
+
+
+@pytest.fixture
+def history(built_history, tmp_path, spark):
+    """A fresh copy of the built history: ``(tables, remap, published updates)``."""
+    root, remap, published = built_history
+    shutil.copytree(root, tmp_path / "warehouse")
+    return Warehouse(str(tmp_path / "warehouse")).source("orders", pa.int32(), DATA, spark=spark), remap, published
+
+
+def test_compact_preserves_queries_at_or_after_since(history):
+    tables, remap, updates = history
     before = tables.read_reclocked_arrow().to_pylist()
     first_files = tables.snapshot_files("reclocked", 1)
+    assert first_files and all(os.path.exists(f) for f in first_files)
 
     tables.compact(25)
 
@@ -214,19 +256,24 @@ def test_compact_preserves_queries_at_or_after_since(tables):
     assert len({r[:4] for r in after}) == len(after) and all(r[4] for r in after)  # consolidated
     assert min(r[3] for r in after) == 25
     assert len(tables.snapshot_files("reclocked")) == 1  # optimized
+    assert "OPTIMIZE" in operations_after(tables, "reclocked", 4)
     assert not any(os.path.exists(f) for f in first_files)  # vacuumed
     with pytest.raises(FileNotFoundError):
         tables.read_reclocked_arrow(version=1)
 
-    versions = {k: tables.table(k).version() for k in ("remap", "reclocked")}
-    tables.compact(25)  # rerun: no-op
-    tables.compact(10)  # below since: nothing to do
-    assert {k: tables.table(k).version() for k in versions} == versions
+    versions = {k: tables.version(k) for k in KINDS}
+    files = {k: sorted(tables.snapshot_files(k)) for k in KINDS}
+    tables.compact(10)  # below since: compacts to since (25) again, a rerun with nothing to do
+    for kind in KINDS:  # no rows rewritten; only VACUUM logs its (empty) runs
+        assert sorted(tables.snapshot_files(kind)) == files[kind]
+        assert set(operations_after(tables, kind, versions[kind])) <= {"VACUUM START", "VACUUM END"}
+    assert tables.read_remap() == remap.compact(25) and tables.since() == 25
 
 
-def test_compact_resumes_after_a_crash_after_recording_since(tables):
-    remap, updates = build_history(tables)
-    tables._append("remap", tables.schemas["remap"].empty_table(), SINCE_APP, 25)  # step 1 only
+def test_compact_resumes_after_a_crash_after_recording_since(history):
+    tables, remap, updates = history
+    empty = tables._frame("remap", tables.schemas["remap"].empty_table())
+    tables._append("remap", empty, SINCE_APP, 25)  # step 1 only
     assert tables.read_remap() == remap.compact(25)  # readers already see the compacted remap
     tables.compact(25)
     assert tables.read_remap() == remap.compact(25)
@@ -234,11 +281,11 @@ def test_compact_resumes_after_a_crash_after_recording_since(tables):
     assert Counter({r[:4]: r[4] for r in after}) == compact_updates(updates, 25)
 
 
-def test_compact_refuses_unpublished_times(tables):
-    build_history(tables)
+def test_compact_refuses_unpublished_times(history):
+    tables, _, _ = history
     with pytest.raises(WarehouseError, match="published only below 41"):
         tables.compact(41)
-    assert tables.since() == 0
+    assert tables.since() == 0 and tables.version("remap") == 4
 
 
 # --- 4. a Spark job killed before publishing ------------------------------------------------
@@ -249,22 +296,63 @@ def test_staged_but_unpublished_files_leave_the_table_unchanged(spark, tables):
     remap = store(tables, ticks(Remap(), (10, {0: 2})))
     rows = as_rows(reclock([Update("a", 0, 0), Update("b", 0, 1)], remap))
     crashed = tables.staging_dir(10)
-    spark_frame(spark, tables, rows).write.parquet(crashed)
+    reclocked_frame(spark, tables, rows).write.parquet(crashed)
     os.remove(f"{crashed}/{SUCCESS}")  # killed before the job committed
-    assert tables.table("reclocked").version() == 0 and tables.reclocked_upper() == 0
+    assert tables.version("reclocked") == 0 and tables.reclocked_upper() == 0
     assert tables.snapshot_files("reclocked") == [] and tables.read_reclocked_spark(spark).count() == 0
+    with pytest.raises(WarehouseError, match="no complete staged attempt"):
+        tables.publish_staged(10)  # an incomplete attempt is never published
 
-    assert tables.stage(spark_frame(spark, tables, rows), 10) == 2  # the rerun stages a fresh attempt
+    assert tables.stage(reclocked_frame(spark, tables, rows), 10) == 2  # the rerun stages a fresh attempt
     assert tables.publish_staged(10)
     assert rows_of(tables.read_reclocked_arrow()) == rows_of(pa.Table.from_pylist(rows))  # no duplicates
-    # the unpublished attempt's files are deleted (delta-rs leaves the empty local directory)
-    assert not [name for _, _, names in os.walk(crashed) for name in names]
+    assert not [name for _, _, names in os.walk(crashed) for name in names]  # the unpublished attempt is deleted
 
 
-def test_many_ticks_keep_the_remap_table_small(tables):
-    from reclock.warehouse import REMAP_MAX_FILES
+def test_many_ticks_keep_the_remap_table_small(tables, monkeypatch):
+    monkeypatch.setattr(warehouse, "REMAP_MAX_FILES", 3)  # small, so that a few ticks (commits) exceed it
+    remaps = ticks(Remap(), *[(t, {0: t, 1: 2 * t}) for t in range(1, 5)])
+    for before, after in zip(remaps, remaps[1:]):
+        assert tables.append_binding(before, after)
+        assert len(tables.table("remap").file_uris()) <= 3
+    assert "OPTIMIZE" in operations_after(tables, "remap", 0)  # the files were merged, not just few
+    assert tables.read_remap() == remaps[-1]
 
-    remaps = ticks(Remap(), *[(t, {0: t, 1: 2 * t}) for t in range(1, 3 * REMAP_MAX_FILES)])
-    stored = store(tables, remaps)
-    assert len(tables.table("remap").file_uris()) <= REMAP_MAX_FILES + 1
-    assert tables.read_remap() == stored
+
+# --- 5. deltalake, the light reader, reads what delta-spark wrote --------------------------------
+
+
+@pytest.mark.slow
+def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
+    """Appends with app transactions, a compaction (overwrites, OPTIMIZE, VACUUM), a replaceWhere repair
+    and Spark's checkpoints: deltalake sees the rows Spark sees and the app-transaction versions written."""
+    tables, remap, updates = history
+    for kind in KINDS:  # checkpoint every other commit, so the reader meets Spark's checkpoints too
+        spark.sql(f"ALTER TABLE delta.`{tables.spark_uri(kind)}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    tables.compact(25)
+    at_40 = [r for r in tables.read_reclocked_arrow().to_pylist() if r["into_time"] == 40]
+    repaired = [{**r, "value": r["value"] + "*"} for r in at_40[1:]]  # one row fewer, the others changed
+    replaced_at = tables.version("reclocked")
+    assert tables.replace_reclocked(reclocked_frame(spark, tables, repaired), "into_time = 40") == len(repaired)
+
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    for kind in KINDS:
+        dt = DeltaTable(tables.table_uri(kind))
+        assert dt.version() == SparkDeltaTable.forPath(spark, tables.spark_uri(kind)).history(1).first().version
+        names = tables.schemas[kind].names
+        assert rows_of(dt.to_pyarrow_table().select(names)) == spark_rows(tables.read_spark(kind))
+        assert any(f.endswith(".checkpoint.parquet") for f in os.listdir(f"{tables.table_uri(kind)}/_delta_log"))
+    # time travel to before the repair: the same rows through both readers
+    assert rows_of(tables.read_reclocked_arrow(replaced_at)) == spark_rows(tables.read_spark("reclocked", replaced_at))
+    assert rows_of(tables.read_reclocked_arrow()) == \
+        rows_of(tables.read_reclocked_arrow(replaced_at)) - rows_of(pa.Table.from_pylist(at_40)) + \
+        rows_of(pa.Table.from_pylist(repaired))
+    # the app transactions, as the writes carried them (the repair carries none)
+    remap_dt, reclocked_dt = DeltaTable(tables.table_uri("remap")), DeltaTable(tables.table_uri("reclocked"))
+    assert remap_dt.transaction_version(REMAP_APP) == 40  # the last tick
+    assert remap_dt.transaction_version(SINCE_APP) == 25
+    assert reclocked_dt.transaction_version(RECLOCKED_APP) == 40  # the last publish, unchanged by the repair
+    assert reclocked_dt.transaction_version("reclock.unknown") is None
+    assert (tables.since(), tables.remap_upper(), tables.reclocked_upper()) == (25, 41, 41)
+    assert tables.read_remap() == remap.compact(25)

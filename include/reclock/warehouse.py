@@ -86,7 +86,8 @@ def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
     spark_schema = from_arrow_schema(schema)
     if rows.num_rows == 0:
         return spark.createDataFrame([], spark_schema)
-    return spark.createDataFrame(rows.select(schema.names).to_pandas(), spark_schema)
+    # From Arrow directly: a pandas round trip would turn a nullable int64 column into floats.
+    return spark.createDataFrame(rows.select(schema.names).cast(schema), spark_schema)
 
 
 def append(df, uri: str, columns: list[str], app_id: str, version: int) -> None:
@@ -462,12 +463,16 @@ def _conf(spark, key: str, value: str):
 
 
 def _rows_added(dt: DeltaTable, after: int) -> int:
-    """Rows added by the commits after version ``after`` (from the Delta log's operation metrics)."""
+    """Rows added by the commits after version ``after`` (from the Delta log's operation metrics).
+
+    A ``replaceWhere`` overwrite rewrites the files holding replaced rows: its ``numOutputRows``
+    also counts the other rows of those files, copied over (``numCopiedRows``); they are not added.
+    """
     added = 0
     for commit in dt.history():
         if commit.get("version", -1) > after:
             metrics = commit.get("operationMetrics") or {}
-            added += int(metrics.get("numOutputRows", 0))
+            added += int(metrics.get("numOutputRows", 0)) - int(metrics.get("numCopiedRows", 0))
     return added
 
 
