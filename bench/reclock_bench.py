@@ -1,6 +1,6 @@
 """reclock benchmark: throughput of tick -> stage -> check -> publish against plain copies of the same records.
 
-Starts a local broker (noida-db) and one local Spark session, writes a temporary sources file and
+Starts a local Apache Kafka broker (KRaft) and one local Spark session, writes a temporary sources file and
 measures, each on its own topic with ``--partitions`` partitions:
 
 1. ticks     ``--records`` records produced in ``--ticks`` batches; after each batch one

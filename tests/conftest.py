@@ -38,7 +38,7 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from reclock.spark_session import get_spark
 
-    session = get_spark("local[2]", app_name="reclock-tests")
+    session = get_spark("local[2]", app_name="reclock-tests", s3=True)  # s3a too: tests/test_s3.py
     yield session
     session.stop()
 

@@ -1,8 +1,10 @@
 """Progress view: rendering (fabricated data), the check log, collection, and the Airflow plugin in Chromium.
 
 The rendering tests need neither Airflow nor storage.  The check-log and collection tests
-use real Delta tables and a ``files`` source in a temp directory (staged with pyarrow, as a
-completed Spark job would, so no Spark starts).  The slow end-to-end test starts a real
+use real Delta tables and a ``files`` source in a temp directory: ticks and publishes commit
+with the session-scoped ``spark`` fixture (delta-spark writes every Delta table), batches are
+staged with pyarrow as a completed Spark job would, and the checks, the collection and the page
+read with the light ``deltalake`` reader.  The slow end-to-end test starts a real
 ``airflow api-server`` with ``plugins/`` as its plugins folder and loads the page in headless
 Debian Chromium (``apt-get install chromium``; skipped with the reason when it is missing).
 """
@@ -20,9 +22,8 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from conftest import stage_parquet
 
 from airflow_env import REPO, http_ok, prepare_home, stop_group
 from devtools.kafka_broker import free_port
@@ -32,7 +33,7 @@ from reclock.checks import ChecksFailed
 from reclock.progress import collect
 from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
-from reclock.warehouse import SUCCESS, Warehouse
+from reclock.warehouse import Warehouse
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -249,18 +250,14 @@ def stage_with_pyarrow(name: str, config: Path, corrupt: bool = False) -> int:
                 for data, offset, diff in ctx.source.read(partition, lo, hi)]
         if corrupt:
             rows[0]["into_time"] += 1
-        directory = ctx.tables.staging_dir(upto)
-        os.makedirs(directory)
-        pq.write_table(pa.Table.from_pylist(rows, schema=ctx.tables.schemas["reclocked"]),
-                       f"{directory}/part-00000.parquet")
-        open(f"{directory}/{SUCCESS}", "w").close()
+        stage_parquet(ctx.tables, upto, rows)
         return len(rows)
 
 
-def run_ticks(config: Path, start: int, count: int, name: str = "events") -> None:
+def run_ticks(config: Path, start: int, count: int, spark, name: str = "events") -> None:
     for i in range(start, start + count):
         append_lines(config.parent.parent / "data", i)
-        pipeline.tick(name, str(config), now=T0 + i * 15_000)
+        pipeline.tick(name, str(config), now=T0 + i * 15_000, spark=spark)
 
 
 def test_check_log_round_trip(tmp_path):
@@ -275,10 +272,10 @@ def test_check_log_round_trip(tmp_path):
     assert Warehouse("s3://bucket/wh/").source_uri("orders") == "s3://bucket/wh/orders"
 
 
-def test_pipeline_check_records_results_before_raising(tmp_path):
+def test_pipeline_check_records_results_before_raising(tmp_path, spark):
     config = write_config(tmp_path)
     uri = Warehouse(str(tmp_path / "warehouse")).source_uri("events")
-    run_ticks(config, 0, 3)
+    run_ticks(config, 0, 3, spark)
     assert stage_with_pyarrow("events", config) > 0
     before = pipeline.now_ms()
     summaries = pipeline.check("events", str(config))
@@ -287,9 +284,9 @@ def test_pipeline_check_records_results_before_raising(tmp_path):
     assert passed["window"] == [0, T0 + 30_000] and passed["remap_upper"] == T0 + 30_001
     assert {k: r["summary"] for k, r in passed["reports"].items()} == summaries
     assert all(r["success"] for report in passed["reports"].values() for r in report["results"])
-    pipeline.publish("events", str(config))
+    pipeline.publish("events", str(config), spark=spark)
 
-    run_ticks(config, 3, 2)
+    run_ticks(config, 3, 2, spark)
     stage_with_pyarrow("events", config, corrupt=True)
     with pytest.raises(ChecksFailed):
         pipeline.check("events", str(config))
@@ -300,13 +297,13 @@ def test_pipeline_check_records_results_before_raising(tmp_path):
     assert failed["reports"]["remap"]["success"] is True
 
 
-def test_collect_reads_the_warehouse_and_survives_an_unreachable_upstream(tmp_path):
+def test_collect_reads_the_warehouse_and_survives_an_unreachable_upstream(tmp_path, spark):
     port = free_port()  # nothing listens there
     config = write_config(tmp_path, "  - name: offline\n    kind: kafka\n    options: {bootstrap_servers: "
                                     f"\"127.0.0.1:{port}\", topic: t, group_id: g, timeout_s: 1}}\n"
                                     "  - name: fresh\n    kind: files\n"
                                     f"    options: {{url: \"{tmp_path / 'nothing'}\"}}\n")
-    run_ticks(config, 0, 3)
+    run_ticks(config, 0, 3, spark)
     append_lines(tmp_path / "data", 9)  # upstream moves on after the last tick
     data = collect(str(config), now=T0 + 100_000)
     assert data["error"] is None and data["generated_at"] == T0 + 100_000
@@ -358,15 +355,15 @@ def http_get(url: str, timeout: float = 60) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def api_server(tmp_path, airflow_db_template):  # noqa: F811
+def api_server(tmp_path, airflow_db_template, spark):  # noqa: F811
     """A populated warehouse and a running ``airflow api-server`` on a free port; yields its base URL."""
     config = write_config(tmp_path, "  - name: offline\n    kind: kafka\n    options: {bootstrap_servers: "
                                     f"\"127.0.0.1:{free_port()}\", topic: t, group_id: g, timeout_s: 2}}\n")
-    run_ticks(config, 0, 4)
+    run_ticks(config, 0, 4, spark)
     stage_with_pyarrow("events", config)
     pipeline.check("events", str(config))  # passes, recorded
-    pipeline.publish("events", str(config))
-    run_ticks(config, 4, 3)
+    pipeline.publish("events", str(config), spark=spark)
+    run_ticks(config, 4, 3, spark)
     stage_with_pyarrow("events", config, corrupt=True)
     with pytest.raises(ChecksFailed):
         pipeline.check("events", str(config))  # fails, recorded before raising

@@ -1,8 +1,9 @@
 """The S3 paths against a local S3-compatible server (moto's, a subprocess on a free port).
 
-Everything except Spark (no S3A jars here): the ``files`` source over ``s3://`` (s3fs), the
-Delta warehouse on ``s3://`` (delta-rs with the storage options docker/sources.yaml uses for
-MinIO), publishing Parquet staged on S3, compaction and vacuum, and a pipeline tick.
+The ``files`` source over ``s3://`` (s3fs), and the Delta warehouse on ``s3://``: delta-spark
+writing through ``s3a://`` (hadoop-aws, the session's S3 jars), the light reader (deltalake) with
+the storage options docker/sources.yaml uses for MinIO; publishing Parquet staged on S3,
+compaction and vacuum, and a pipeline tick.
 """
 from __future__ import annotations
 
@@ -67,6 +68,17 @@ def s3_endpoint():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def s3_spark(spark, s3_endpoint):
+    """The shared Spark session, its s3a:// pointed at the moto server."""
+    conf = spark._jsc.hadoopConfiguration()
+    for key, value in {"fs.s3a.endpoint": s3_endpoint, "fs.s3a.access.key": KEY, "fs.s3a.secret.key": SECRET,
+                       "fs.s3a.endpoint.region": REGION, "fs.s3a.path.style.access": "true",
+                       "fs.s3a.connection.ssl.enabled": "false"}.items():
+        conf.set(key, value)
+    return spark
 
 
 @pytest.fixture
@@ -172,12 +184,12 @@ def stage_on_s3(tables, s3fs_, upto: int, rows: list[dict]) -> str:
     return path
 
 
-def test_warehouse_on_s3(s3_endpoint, s3fs_, prefix):
+def test_warehouse_on_s3(s3_endpoint, s3fs_, prefix, s3_spark):
     root = f"s3://{BUCKET}/{prefix}/warehouse"
-    tables = Warehouse(root, delta_options(s3_endpoint)).source("orders", pa.int32(), DATA)
+    tables = Warehouse(root, delta_options(s3_endpoint)).source("orders", pa.int32(), DATA, spark=s3_spark)
     assert s3fs_.exists(f"{BUCKET}/{prefix}/warehouse/orders/remap/_delta_log/00000000000000000000.json")
-    # a second open finds the tables (mode="ignore") and checks their schema
-    tables = Warehouse(root + "/", delta_options(s3_endpoint)).source("orders", pa.int32(), DATA)
+    # a second open finds the tables and checks their schema
+    tables = Warehouse(root + "/", delta_options(s3_endpoint)).source("orders", pa.int32(), DATA, spark=s3_spark)
 
     remaps = ticks(Remap(), (10, {0: 2}), (20, {0: 3, 1: 1}), (30, {0: 5, 1: 2}))
     for before, after in zip(remaps, remaps[1:]):
@@ -234,7 +246,7 @@ def _sums(table: pa.Table) -> dict:
 # --- (c) a pipeline tick with both on s3:// ---------------------------------------------------------
 
 
-def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path):
+def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
     import yaml
 
     from reclock import pipeline

@@ -272,8 +272,8 @@ def test_debezium_transactions_end_to_end(kafka_broker, spark, debezium, monkeyp
         for source in sources or ("dbz_data", "dbz_tx"):
             pipeline.run_once(source, config, spark, now=now)
 
-    def publish(name):
-        return publish_transactions(name, "dbz_data", "dbz_tx", config)
+    def publish(name, session=spark):
+        return publish_transactions(name, "dbz_data", "dbz_tx", config, spark=session)
 
     def output(name):
         return [(r["tx_id"], r["into_time"], r["partition"], r["offset"], json.loads(r["value"])["after"]["id"])
@@ -334,7 +334,7 @@ def test_debezium_transactions_end_to_end(kafka_broker, spark, debezium, monkeyp
     assert len({(p, o) for _, _, p, o, _ in final}) == len(final) == 5
 
     # one uninterrupted run over all IntoTimes at once gives identical output and TEMP
-    publish("ref")
+    publish("ref", session=None)  # the step opens its (this process's) Spark session itself
     assert output("ref") == final
     ref = txn_tables("ref")
     assert ref.read_temp() == main.read_temp()
