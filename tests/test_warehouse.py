@@ -82,6 +82,8 @@ def test_spark_staged_files_publish_in_one_commit(spark, tables):
     assert tables.stage(reclocked_frame(spark, tables, expected), 11) == 4
     assert rows_of(pa.Table.from_pandas(tables.read_staged(11))) == rows_of(pa.Table.from_pylist(expected))
     version = tables.version("reclocked")
+    staged = f"{tables.uri}/staged"  # outside the Delta tables
+    assert [n for _, _, names in os.walk(f"{staged}/upto=11") for n in names if n.endswith(".parquet")]
 
     assert tables.publish_staged(11)
 
@@ -96,7 +98,6 @@ def test_spark_staged_files_publish_in_one_commit(spark, tables):
     assert spark_rows(snapshot) == rows_of(pa.Table.from_pylist(expected))  # the snapshot's files, read by Spark
     assert spark_rows(tables.read_reclocked_spark(spark)) == rows_of(pa.Table.from_pylist(expected))
     assert tables.reclocked_upper() == 12
-    staged = f"{tables.uri}/staged"
     assert not [name for _, _, names in os.walk(staged) for name in names]  # copied in, then removed
 
     assert not tables.publish_staged(11)  # idempotent: already published
