@@ -31,9 +31,12 @@ def kafka_topic(kafka_broker):
     return make
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def spark():
-    """A local[2] Spark session whose Python workers run this interpreter (so they import reclock)."""
+    """A local[2] Spark session whose Python workers run this interpreter (so they import reclock).
+
+    Autouse: it is the session's first Spark session, so the one every in-process step gets back
+    from ``getOrCreate`` has the S3 jars that tests/test_s3.py needs."""
     # Spark's Python workers default to `python3` on PATH, which is not the venv.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from reclock.spark_session import get_spark
