@@ -336,6 +336,20 @@ def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 10.0
     _wait(futures, "create partitions of", timeout)
 
 
+def recreate_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float = 30.0) -> None:
+    """Delete ``topic`` and create it again under the same name (a new topic ID, offsets from 0)."""
+    admin = _admin(bootstrap)
+    _wait(admin.delete_topics([topic], operation_timeout=timeout, request_timeout=timeout), "delete topic", timeout)
+    deadline = time.monotonic() + timeout
+    while True:  # deletion completes asynchronously: creating too early fails
+        try:
+            return create_topic(bootstrap, topic, partitions, timeout)
+        except BrokerError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def delete_records(bootstrap: str, topic: str, partition: int, before: int, timeout: float = 10.0) -> None:
     """Release offsets ``< before`` of a partition (Kafka DeleteRecords: the log start offset moves)."""
     from confluent_kafka import TopicPartition

@@ -63,3 +63,35 @@ def stage_parquet(tables, upto: int, rows: list[dict], schema=None) -> str:
                    f"{directory}/part-00000.parquet")
     open(f"{directory}/{SUCCESS}", "w").close()
     return directory
+
+
+def write_config(tmp_path, bootstrap, topics, **options):
+    """A sources file with one Kafka source per topic (``options`` added to each), warehouse under tmp_path."""
+    import yaml
+
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({
+        "warehouse": str(tmp_path / "warehouse"),
+        "spark": {"master": "local[2]"},
+        "sources": [{"name": name, "kind": "kafka", "retention_ms": 10_000,
+                     "options": {"bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}", **options}}
+                    for name, topic in topics.items()],
+    }))
+    return str(path)
+
+
+def reclocked_rows(name, config):
+    from reclock import pipeline
+
+    with pipeline.open_source(name, config) as ctx:
+        table = ctx.tables.read_reclocked_arrow().to_pylist()
+    return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
+
+
+def run_cli(config, *args, env_extra=None):
+    """``reclock --config config *args`` as a process of its own session (kill it with os.killpg)."""
+    import subprocess
+
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "reclock.cli", "--config", config, *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

@@ -9,7 +9,7 @@ from airflow_env import prepare_home, run_dag_test
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from reclock import pipeline
 from devtools.kafka_broker import create_topic, produce
-from test_pipeline import reclocked_rows, write_config
+from conftest import reclocked_rows, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from reclock import cli
 from reclock.backfill import BackfillError, replay, window_of_interval
 from devtools.kafka_broker import create_topic, delete_records, free_port, produce
 from reclock.engine import Frontier
-from test_pipeline import reclocked_rows, write_config
+from conftest import reclocked_rows, write_config
 
 TIMES = [1_000, 2_000, 3_000, 4_000]  # one tick (with new records) per IntoTime
 

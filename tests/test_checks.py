@@ -26,7 +26,7 @@ def batch_frame(rows=None, extra: list[tuple] = ()) -> pd.DataFrame:
 def test_good_remap_passes():
     report = check_remap(remap_frame())
     assert report.success, report.summary()
-    assert report.rows == 4 and len(report.results) == 5
+    assert report.rows == 4 and len(report.results) == 6
     report.raise_for_failure()
 
 
@@ -51,6 +51,24 @@ def test_broken_remap_fails_its_check(frame, since, failing):
     assert report.failed == [failing], report.summary()
     with pytest.raises(ChecksFailed, match=f"FAIL {failing}"):
         report.raise_for_failure()
+
+
+UPSTREAMS = {10: Frontier.of({0: 3, 1: 2}), 20: Frontier.of({0: 5, 1: 2}), 30: Frontier.of({0: 5, 1: 4})}
+
+
+@pytest.mark.parametrize("frame, upstreams, success", [
+    (remap_frame(), UPSTREAMS, True),
+    (remap_frame(), {}, True),  # nothing recorded (ticks from before reclock recorded it): nothing to compare
+    (remap_frame(), {20: Frontier.of({0: 9, 1: 9})}, True),  # the upstream may be ahead of what was bound
+    (remap_frame(extra=[(0, 20, 2)]), UPSTREAMS, False),  # increment counted twice (racing ticks)
+    (remap_frame(extra=[(1, 40, 2)]), {**UPSTREAMS, 40: Frontier.of({0: 5, 1: 4})}, False),  # twice, later tick
+    (remap_frame(), {**UPSTREAMS, 30: Frontier.of({0: 5, 1: 3})}, False),  # bound beyond the upstream's upper
+    (remap_frame(), {**UPSTREAMS, 10: Frontier.of({0: 3})}, False),  # a partition the upstream did not have
+], ids=["recorded", "none-recorded", "upstream-ahead", "double-increment", "double-later", "beyond-upstream",
+        "unknown-partition"])
+def test_remap_within_recorded_upstream(frame, upstreams, success):
+    report = check_remap(frame, upstreams=upstreams)
+    assert report.failed == ([] if success else ["remap.within_upstream"]), report.summary()
 
 
 def test_good_batch_passes():

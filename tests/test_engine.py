@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from reclock.engine import (
-    Frontier, FrontierError, Remap, RemapError, as_of, compact_updates, offset_resumption_frontier,
-    reclock, timestamp_resumption_frontier,
+    Frontier, FrontierError, Range, Remap, RemapError, as_of, compact_updates, offset_resumption_frontier,
+    reclock, timestamp_resumption_frontier, upstream,
 )
 
 PM = 3_600_000  # one hour in ms; 1pm..4pm as IntoTimes
@@ -58,6 +58,18 @@ def test_mint_refuses_non_increasing_time_and_backwards_frontier():
     with pytest.raises(RemapError, match="not monotone"):
         remap.mint(THREE + 1, Frontier.of({0: 3, 1: 9}))
     assert remap == seed_002_remap()
+
+
+@pytest.mark.parametrize("wall_clock, upper, binds_at", [
+    (5_000, 4_001, 5_000),  # the clock is ahead: bind at the clock
+    (4_001, 4_001, 4_001),  # exactly at the upper
+    (3_000, 4_001, 4_001),  # stepped back (NTP, a skewed worker): bind at the upper, never before it
+    (0, 0, 0),  # an empty remap
+])
+def test_binding_time_is_the_later_of_clock_and_upper(wall_clock, upper, binds_at):
+    remap = Remap(upper=upper)
+    assert remap.binding_time(wall_clock) == binds_at
+    assert remap.mint(remap.binding_time(wall_clock), Frontier.of({0: 1})).upper == binds_at + 1
 
 
 def test_frontier_rejects_bad_values():
@@ -207,3 +219,42 @@ def test_compactions_compose(case, s1, s2):
     s1, s2 = sorted((min(s1, remap.upper - 1), min(s2, remap.upper - 1)))
     assert remap.compact(s1).compact(s2) == remap.compact(s2)
 
+
+
+# --- the upstream against what remap bound (engine/upstream.py) ---------------------------------
+
+@pytest.mark.parametrize("bound, start, upper, released, recorded, identity, problems", [
+    ({0: 5}, {}, {0: 7}, {0: 2}, {"id": "a"}, {"id": "a"}, []),  # the same stream, moved on
+    ({}, {0: 50}, {0: 60}, {0: 50}, {"id": "a"}, {"id": "a"}, []),  # the first tick of a log starting at 50
+    ({0: 60}, {0: 50}, {0: 60}, {0: 55}, None, None, []),  # retention inside what is bound: staging's matter
+    ({0: 5}, {}, {0: 7}, {}, {"id": "a"}, {"id": "b"}, ["id was 'a' when remap began, now 'b'"]),
+    ({0: 5}, {}, {0: 7}, {}, {"id": "a"}, None, []),  # nothing to compare with
+    ({0: 5}, {}, {0: 4}, {}, None, None, ["partition 0: upstream upper 4 is below the bound offset 5"]),
+    ({0: 5, 1: 3}, {}, {0: 7}, {}, None, None,
+     ["partition 1: upstream upper 0 is below the bound offset 3 (the partition no longer exists)"]),
+    ({0: 5}, {}, {0: 9}, {0: 7}, None, None,
+     ["partition 0: offsets [5, 7) were released upstream before they were read"]),
+    ({}, {0: 3}, {0: 9}, {0: 7}, None, None,
+     ["partition 0: offsets [3, 7) were released upstream before they were read"]),
+])
+def test_tick_problems(bound, start, upper, released, recorded, identity, problems):
+    assert upstream.tick_problems(Frontier.of(bound), Frontier.of(start), Frontier.of(upper),
+                                  Frontier.of(released), recorded, identity) == problems
+
+
+@pytest.mark.parametrize("start, ranges, clipped", [
+    ({}, [(1, 0, 0, 5)], [(1, 0, 0, 5)]),
+    ({0: 3}, [(1, 0, 0, 5), (2, 0, 5, 8)], [(1, 0, 3, 5), (2, 0, 5, 8)]),
+    ({0: 5}, [(1, 0, 0, 5), (2, 1, 0, 2)], [(2, 1, 0, 2)]),  # a range wholly below the start is dropped
+    ({0: 9}, [(1, 0, 0, 5), (2, 0, 5, 8)], []),
+])
+def test_clip_ranges(start, ranges, clipped):
+    assert upstream.clip_ranges([Range(*r) for r in ranges], Frontier.of(start)) == [Range(*r) for r in clipped]
+
+
+def test_past_gaps_moves_the_start_past_lost_offsets():
+    lost = upstream.lost_ranges(Frontier.of({0: 5, 1: 9}), Frontier.of({1: 2}), Frontier.of({0: 8, 1: 4, 2: 3}))
+    assert lost == [Range(-1, 0, 5, 8), Range(-1, 2, 0, 3)]
+    start = upstream.past_gaps(Frontier.of({1: 2}), lost)
+    assert start == Frontier.of({0: 8, 1: 2, 2: 3})
+    assert upstream.lost_ranges(Frontier.of({0: 5, 1: 9}), start, Frontier.of({0: 8, 1: 4, 2: 3})) == []

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-import yaml
+from conftest import reclocked_rows, run_cli, write_config
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
@@ -19,19 +17,6 @@ from reclock.query import QueryError, readable, register_as_of
 pytestmark = pytest.mark.slow
 
 
-def write_config(tmp_path, bootstrap, topics):
-    """A sources file with one Kafka source per topic, warehouse under tmp_path."""
-    path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({
-        "warehouse": str(tmp_path / "warehouse"),
-        "spark": {"master": "local[2]"},
-        "sources": [{"name": name, "kind": "kafka", "retention_ms": 10_000,
-                     "options": {"bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}"}}
-                    for name, topic in topics.items()],
-    }))
-    return str(path)
-
-
 @pytest.fixture
 def topics(kafka_broker, tmp_path):
     suffix = uuid.uuid4().hex[:8]
@@ -39,12 +24,6 @@ def topics(kafka_broker, tmp_path):
     create_topic(kafka_broker, names["orders"], partitions=2)
     create_topic(kafka_broker, names["clicks"], partitions=3)
     return names, write_config(tmp_path, kafka_broker, names)
-
-
-def reclocked_rows(name, config):
-    with pipeline.open_source(name, config) as ctx:
-        table = ctx.tables.read_reclocked_arrow().to_pylist()
-    return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
 
 
 def test_ticks_reclock_exactly_what_each_binding_covers(kafka_broker, spark, topics):
@@ -101,12 +80,6 @@ def test_as_of_join_across_sources_and_refusals(kafka_broker, spark, topics):
         register_as_of(spark, 15_000, ["clicks"], config)
     register_as_of(spark, 20_000, ["clicks"], config)
     assert spark.sql("SELECT count(*) AS n FROM clicks").first().n == 10
-
-
-def run_cli(config, *args, env_extra=None):
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "reclock.cli", "--config", config, *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics):

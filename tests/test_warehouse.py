@@ -22,7 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reclock import warehouse
-from reclock.engine import Frontier, Remap, Update, as_of, compact_updates, reclock
+from reclock.engine import Frontier, Increment, Remap, Update, as_of, compact_updates, reclock
 from reclock.warehouse import KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, Warehouse, WarehouseError
 
 DATA = pa.schema([("value", pa.string())])
@@ -134,7 +134,7 @@ def test_append_binding_is_idempotent_and_round_trips(tables):
 
 def test_append_binding_refuses_a_gap(tables):
     remaps = ticks(Remap(), (5, {0: 3}), (7, {0: 4}))
-    with pytest.raises(WarehouseError, match="stored remap has upper 0"):
+    with pytest.raises(WarehouseError, match="stored remap of .* has upper 0"):
         tables.append_binding(remaps[1], remaps[2])
     assert tables.read_remap() == Remap() and tables.version("remap") == 0
 
@@ -357,3 +357,102 @@ def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
     assert reclocked_dt.transaction_version("reclock.unknown") is None
     assert (tables.since(), tables.remap_upper(), tables.reclocked_upper()) == (25, 41, 41)
     assert tables.read_remap() == remap.compact(25)
+
+
+# --- compare-and-append: racing writers (issue 11) ---------------------------------------------
+
+
+def test_append_binding_refuses_when_another_tick_stored_increments(tables):
+    """Two ticks read the same remap; the second to commit writes nothing (it would count twice)."""
+    base = store(tables, ticks(Remap(), (5, {0: 3})))
+    first, second = base.mint(8, Frontier.of({0: 6})), base.mint(9, Frontier.of({0: 6}))
+    assert tables.append_binding(base, first)
+    with pytest.raises(warehouse.ConcurrentWriteError, match="another tick committed"):
+        tables.append_binding(base, second)
+    assert tables.read_remap() == first
+
+
+def test_compare_and_append_checks_inside_the_delta_transaction(tables):
+    """The check runs when the write's job runs: a frame built before another writer committed still fails."""
+    base = store(tables, ticks(Remap(), (5, {0: 3})))
+    late = base.mint(9, Frontier.of({0: 6}))
+    rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:]))
+    uri, names = tables.table_uri("remap"), tables.schemas["remap"].names
+    racer = base.mint(7, Frontier.of({0: 5}))
+    assert tables.append_binding(base, racer)  # lands after the frame was built, before its write
+    with pytest.raises(warehouse.ConcurrentWriteError):
+        warehouse.compare_and_append(rows, uri, names, REMAP_APP, late.upper - 1, read_max_into_time=5)
+    assert tables.read_remap() == racer
+
+
+def test_compare_and_append_refuses_a_commit_landing_while_its_job_runs(tables, spark):
+    """A commit carrying the same app transaction that lands while the job runs: Delta refuses the loser."""
+    import threading
+    import time
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    base = store(tables, ticks(Remap(), (5, {0: 3})))
+    racer = base.mint(7, Frontier.of({0: 5}))
+    slow = F.udf(lambda x: time.sleep(4) or x, LongType())  # holds the job open while the racer commits
+    late = base.mint(9, Frontier.of({0: 6}))
+    rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:])).withColumn("increment",
+                                                                                        slow("increment"))
+    racing = threading.Thread(target=lambda: (time.sleep(1.5), tables.append_binding(base, racer)))
+    racing.start()
+    try:
+        with pytest.raises(warehouse.ConcurrentWriteError):
+            warehouse.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names,
+                                         REMAP_APP, late.upper - 1, read_max_into_time=5)
+    finally:
+        racing.join()
+    assert tables.read_remap() == racer
+
+
+def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
+    store(tables, ticks(Remap(), (5, {0: 1}), (6, {0: 2})))
+    row = {"value": "a", "partition": 0, "offset": 0, "into_time": 5, "diff": 1}
+    stage_parquet(tables, 5, [row])
+    stage_parquet(tables, 6, [row, {**row, "value": "b", "offset": 1, "into_time": 6}])
+    check = tables._check_staged
+
+    def racing_check(*args):  # a faster publish of [5, 5] commits while this one checks its files
+        monkeypatch.setattr(tables, "_check_staged", check)
+        assert tables.publish_staged(5)
+        check(*args)
+
+    monkeypatch.setattr(tables, "_check_staged", racing_check)
+    with pytest.raises(warehouse.ConcurrentWriteError):  # [5, 6] would publish offset 0 a second time
+        tables.publish_staged(6)
+    assert tables.reclocked_upper() == 6
+    assert tables.read_reclocked_arrow().to_pylist() == [row]
+    with pytest.raises(WarehouseError, match="outside"):  # the stale batch is refused; staging again mends it
+        tables.publish_staged(6)
+
+
+@pytest.mark.parametrize("corruption, failing", [
+    ("double-increment", ["remap.within_upstream"]),
+    ("beyond-upstream", ["remap.within_upstream"]),
+    ("before-since", ["remap.times_increasing", "remap.within_upstream"]),  # and what it adds is counted
+])
+def test_the_remap_check_catches_corruption_injected_into_the_table(tables, corruption, failing):
+    from reclock.checks import check_remap
+
+    remaps = ticks(Remap(), (5, {0: 3}), (8, {0: 6, 1: 2}))
+    for before, after in zip(remaps, remaps[1:]):
+        assert tables.append_binding(before, after, upstream=after.frontier)
+    healthy = check_remap(tables.remap_frame(), since=0, upstreams=tables.recorded_upstreams())
+    assert healthy.success, healthy.summary()
+    assert tables.recorded_upstreams() == {5: Frontier.of({0: 3}), 8: Frontier.of({0: 6, 1: 2})}
+    if corruption == "double-increment":  # a racing tick's rows stored a second time, as a blind append would
+        rows = tables._remap_rows(remaps[2].increments()[-2:])
+        tables._append("remap", tables._frame("remap", rows), REMAP_APP, 9)
+    elif corruption == "beyond-upstream":  # a tick bound more than the upstream had
+        after = remaps[2].mint(12, Frontier.of({0: 9, 1: 2}))
+        assert tables.append_binding(remaps[2], after, upstream=Frontier.of({0: 7, 1: 2}))
+    else:  # a binding earlier than the compaction frontier
+        tables._append("remap", tables._frame("remap", tables._remap_rows([Increment(1, 2, 1)])), REMAP_APP, 9)
+    report = check_remap(tables.remap_frame(), since=4 if corruption == "before-since" else 0,
+                         upstreams=tables.recorded_upstreams())
+    assert report.failed == failing, report.summary()

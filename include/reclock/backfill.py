@@ -23,7 +23,7 @@ naming the source and the window, before anything is read or written):
 * **not compacted away**: ``start >= since``.  Compaction folded every binding at or before
   ``since`` into one binding at ``since`` and moved those rows to ``since`` (consolidated).
   A window starting exactly at ``since`` replays that folded binding: every offset from the
-  beginning of the source up to ``remap[since]``, stamped ``since`` and consolidated the way
+  source's recorded start frontier (:mod:`reclock.engine.upstream`) up to ``remap[since]``, stamped ``since`` and consolidated the way
   compaction does; so it needs upstream to still hold everything from offset 0.  Published
   rows still below ``since`` (a compaction interrupted before it consolidated the reclocked
   table) are read as if at ``since``, as compaction will leave them;
@@ -36,10 +36,8 @@ naming the source and the window, before anything is read or written):
 
 Limits: a compaction that advances ``since`` while a replay runs makes it fail (retry it);
 run repairs while the source's DAG is not compacting (a compaction committed between the last
-check and the repair's commit leaves rows below the new ``since``, which the next compaction folds).  The first window a source ever staged
-starts at the upstream committed frontier of that moment (``pipeline.stage``), which is not
-recorded: replaying it from a source that had committed offsets then (a reused consumer
-group, a Postgres slot) reads from offset 0 and differs, or is refused.
+check and the repair's commit leaves rows below the new ``since``, which the next compaction folds).  Sources
+whose remap predates the recorded start frontier replay their first window from offset 0.
 """
 from __future__ import annotations
 
@@ -49,7 +47,9 @@ import logging
 from dataclasses import dataclass
 
 from .engine import Frontier, Range, Remap
+from .engine.upstream import clip_ranges
 from .pipeline import SourceContext, open_source
+from .sources.base import released_frontier
 from .warehouse import RECLOCKED_APP, _app_version
 
 log = logging.getLogger("reclock")
@@ -86,14 +86,10 @@ class Window:
         return f"{low}into_time <= {self.end}"
 
 
-def released_frontier(source) -> Frontier:
-    """Below it upstream no longer holds records: ``source.released()``, else ``source.committed()``."""
-    released = getattr(source, "released", None)
-    return released() if callable(released) else source.committed()
-
-
 def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
-    """Check the window against since, the published upper and upstream retention; nothing is read yet."""
+    """Check the window against since, the published upper and upstream retention; nothing is read yet.
+
+    Its ranges start at the source's recorded start frontier (what lies below is not part of its history)."""
     if isinstance(start, bool) or isinstance(end, bool) or not isinstance(start, int) or not isinstance(end, int):
         raise BackfillError(f"{name}: window bounds must be int milliseconds, got {start!r}, {end!r}")
     where = f"{name}: cannot replay IntoTimes [{start}, {end}]"
@@ -107,7 +103,9 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
     if end >= published_upper:
         last = f"the last published IntoTime is {published_upper - 1}" if published_upper else "nothing is published"
         raise BackfillError(f"{where}: not published yet ({last}, reclocked upper {published_upper})")
-    ranges = [r for r in remap.ranges(start) if r.into_time <= end and r.start < r.end]
+    record = ctx.tables.upstream_record()  # the history begins at the recorded start frontier
+    ranges = clip_ranges([r for r in remap.ranges(start) if r.into_time <= end and r.start < r.end],
+                         record.start if record else Frontier())
     if ranges:
         released = released_frontier(ctx.source)
         needed: dict = {}
@@ -265,5 +263,5 @@ def window_of_interval(start_ms: int, end_ms: int) -> tuple[int, int]:
     return start_ms, end_ms - 1
 
 
-__all__ = ["BackfillError", "MODES", "Window", "canonical", "digest", "plan", "released_frontier", "replay",
+__all__ = ["BackfillError", "MODES", "Window", "canonical", "digest", "plan", "replay",
            "window_of_interval"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
 from . import offsets
-from .engine import Remap
+from .engine import Frontier, Remap
 
 EXPECTED = "expected_into_time"
 
@@ -74,8 +74,14 @@ class CheckReport:
 # --- the checks ------------------------------------------------------------------------------
 
 
-def check_remap(remap_rows: pd.DataFrame, since: int = 0) -> CheckReport:
-    """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier."""
+def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int, Frontier] | None = None
+                ) -> CheckReport:
+    """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier.
+
+    ``upstreams``: the upstream's upper each tick recorded with its binding (``{into_time: frontier}``);
+    a partition's bound offset (the sum of its increments up to a binding) must not exceed it, which an
+    increment counted twice (racing ticks) or a frontier beyond the upstream would break.
+    """
     import great_expectations.expectations as gxe
 
     df = remap_rows[["partition", "into_time", "increment"]].copy()
@@ -89,6 +95,7 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0) -> CheckReport:
     times = pd.Series(sorted(df["into_time"].dropna().unique()), dtype="float64")
     gaps = times.diff().fillna(times - (since - 1)) if len(times) else times
     df["binding_gap"] = df["into_time"].map(dict(zip(times, gaps)))
+    df["upstream_excess"] = _int64_or_sign(_upstream_excess(df, upstreams or {}))
     return _validate(f"remap ({len(times)} bindings)", df, ["partition", "into_time"], {
         "remap.partition_not_null": (gxe.ExpectColumnValuesToNotBeNull(column="partition"),
                                      "no null partition"),
@@ -102,7 +109,25 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0) -> CheckReport:
         "remap.bindings_move": (gxe.ExpectColumnValuesToBeBetween(column="binding_increment", min_value=0,
                                                                   strict_min=True),
                                 "every binding moves the frontier"),
+        "remap.within_upstream": (gxe.ExpectColumnValuesToBeBetween(column="upstream_excess", max_value=0),
+                                  "no bound offset beyond the upstream's upper recorded at its tick "
+                                  "(nothing counted twice)"),
     })
+
+
+def _upstream_excess(df: pd.DataFrame, upstreams: Mapping[int, Frontier]) -> pd.Series:
+    """Per row: the partition's bound offset at the row's binding minus the upstream's upper recorded then
+    (None where no upper was recorded); exact Python ints, so big offsets compare exactly."""
+    bound: dict = {}
+    excess: dict[int, int | None] = {}
+    for t, group in df.dropna(subset=["partition", "into_time"]).sort_values("into_time").groupby("into_time",
+                                                                                                   sort=True):
+        for p, increment in zip(group["partition"], group["increment"]):
+            bound[p] = bound.get(p, 0) + (0 if pd.isna(increment) else int(increment))
+        upstream = upstreams.get(int(t))
+        for index, p in zip(group.index, group["partition"]):
+            excess[index] = None if upstream is None else bound[p] - upstream[p]
+    return pd.Series([excess.get(i) for i in df.index], index=df.index, dtype=object)
 
 
 def _int64_or_sign(sums: pd.Series) -> pd.Series:

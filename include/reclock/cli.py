@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for step in STEPS:
         sub.add_parser(step, help=f"run the {step} step for a source").add_argument("source")
+    sub.add_parser("accept-lost", help="go on without records the upstream released before they were read "
+                   "(retention): record the gap with remap").add_argument("source")
     sub.add_parser("status", help="frontiers, uppers and lag of every source")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
     q.add_argument("--as-of", required=True, help="ms since epoch, ISO datetime, or 'latest'")
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STEPS:
             step = pipeline.run_once if args.command == "run" else getattr(pipeline, args.command)
             print(json.dumps(step(args.source, args.config), indent=2, default=str))
+        elif args.command == "accept-lost":
+            print(json.dumps(pipeline.accept_lost(args.source, args.config), indent=2))
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
             print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))

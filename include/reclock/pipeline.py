@@ -14,11 +14,12 @@ from typing import Any, Iterator
 
 from .clock import now_ms
 from .config import SourceConfig, load_config
-from .engine import Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .engine.upstream import clip_ranges, lost_problems, lost_ranges, past_gaps, tick_problems
 from .offsets import offset_type_of
 from .sources import build_source, source_class
-from .sources.base import Source, SourceError
-from .warehouse import SourceTables, Warehouse
+from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
+from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse
 
 log = logging.getLogger("reclock")
 
@@ -68,23 +69,86 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
             source.close()
 
 
+TICK_ATTEMPTS = 3  # a tick that lost a race to another tick of its source reads again this many times
+
+
 def tick(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
-    """Bind the source's current upper frontier to IntoTime ``now`` (ms) in ``remap``."""
+    """Bind the source's current upper frontier to IntoTime ``now`` (ms; default the wall clock) in ``remap``.
+
+    A tick racing another tick of the source (a scheduled and a manual run, the CLI) commits only if remap
+    is still as it read it (:meth:`SourceTables.append_binding`); the loser reads again and retries.
+    """
+    with open_source(name, config_path, spark=spark or True) as ctx:
+        for attempt in range(1, TICK_ATTEMPTS + 1):
+            try:
+                return _tick_once(name, ctx, now)
+            except ConcurrentWriteError as e:
+                if attempt == TICK_ATTEMPTS:
+                    raise
+                log.warning("%s: tick lost a race (%s); reading remap again (attempt %d of %d)",
+                            name, e, attempt + 1, TICK_ATTEMPTS)
+
+
+def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
+    remap = ctx.tables.read_remap()
+    record = _upstream_record(name, ctx, remap)
+    frontier = ctx.source.upper()
+    problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
+                             record.identity, identity_of(ctx.source))
+    if problems:
+        raise SourceError(f"{name} ({ctx.source!r}): the upstream is not the stream remap has bound: "
+                          + "; ".join(problems) + f"; nothing written. {UPSTREAM_HELP}")
+    if now is None:  # the wall clock may step back: bind at the remap upper then
+        wall_clock = now_ms()
+        now = remap.binding_time(wall_clock)
+        if now > wall_clock:
+            log.warning("%s: the wall clock %d is behind the remap upper %d (a clock stepped back, or a skewed "
+                        "worker): binding at %d", name, wall_clock, remap.upper, now)
+    after = remap.mint(now, frontier)  # RemapError: an explicit time went backwards; nothing written
+    written = ctx.tables.append_binding(remap, after, upstream=frontier)
+    moved = sum(frontier.increments_from(remap.frontier).values())
+    log.info("%s: tick at %d binds %s (+%d offsets)", name, now, frontier, moved)
+    return {"into_time": now, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
+
+
+UPSTREAM_HELP = ("If the upstream was recreated or reset, its records are another stream: configure it as a new "
+                 "source (a new name starts a new remap); if records were lost upstream, `reclock accept-lost "
+                 "<source>` records the gap and goes on without them (README: When the upstream changes).")
+
+
+def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRecord:
+    """The start frontier and upstream identity recorded with remap; recorded now at the first tick."""
+    record = ctx.tables.upstream_record()
+    if record is None:
+        # The first tick, or a remap from before reclock recorded them (its history began at offset 0).
+        record = UpstreamRecord(Frontier() if remap.bindings else starting_frontier(ctx.source),
+                                identity_of(ctx.source))
+        ctx.tables.record_upstream(record)
+        log.info("%s: history begins at %s (upstream %s)", name, record.start, record.identity)
+    return record
+
+
+def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
+    """Go on without the records the upstream released before reclock read them: the start frontier moves
+    past them (:func:`reclock.engine.upstream.past_gaps`) and the gap is recorded with remap, with the
+    IntoTimes the lost offsets were bound at (None: never bound)."""
     with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
-        frontier = ctx.source.upper()
-        released = ctx.source.committed()
-        if remap.bindings and not released.less_equal(remap.frontier):  # resume never commits beyond it
-            raise SourceError(f"{name}: upstream already released {released}, beyond the frontier bound so far "
-                              f"{remap.frontier}: the records in between were never reclocked and cannot be read "
-                              "(was the upstream position reset or recreated, e.g. a dropped replication slot?); "
-                              "nothing written")
-        into_time = now if now is not None else now_ms()
-        after = remap.mint(into_time, frontier)  # RemapError: clock or source went backwards; nothing written
-        written = ctx.tables.append_binding(remap, after)
-        moved = sum(frontier.increments_from(remap.frontier).values())
-        log.info("%s: tick at %d binds %s (+%d offsets)", name, into_time, frontier, moved)
-        return {"into_time": into_time, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
+        record = _upstream_record(name, ctx, remap)
+        lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released_frontier(ctx.source))
+        gaps = [{"partition": r.partition, "start": r.start, "end": r.end, "recorded_at": now_ms(),
+                 "bound_at": [remap.into_time_of(r.partition, r.start), remap.into_time_of(r.partition, r.end - 1)]}
+                for r in lost]
+        if gaps:
+            ctx.tables.record_upstream(record._replace(start=past_gaps(record.start, lost), gaps=record.gaps + gaps))
+            log.warning("%s: going on without records lost upstream: %s", name, gaps)
+        return {"lost": gaps}
+
+
+def _published_frontier(remap: Remap, tables: SourceTables) -> Frontier:
+    """What the published reclocked table covers: ``remap[reclocked upper - 1]`` (nothing before the first window)."""
+    start = tables.reclocked_upper()
+    return remap.at(start - 1) if start > remap.since and start > 0 else Frontier()
 
 
 def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
@@ -103,19 +167,13 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
         if window is None:
             return {"staged_rows": 0, "upto": remap.upper - 1}
         start, upto = window
-        released = ctx.source.committed()
-        ranges = remap.ranges(start)
-        if start > remap.since and start > 0:
-            needed = remap.at(start - 1)
-            if not released.less_equal(needed):
-                raise SourceError(f"{name}: upstream already released {released}, but bindings from {start} "
-                                  f"need data from {needed}; the data cannot be read again")
-        elif released.uppers:
-            # The first window: the source starts at its committed frontier (a Postgres slot at its
-            # creation, a reused consumer group); what lies below it is not part of this history.
-            log.warning("%s: first staging starts at the upstream committed frontier %s", name, released)
-            ranges = [r._replace(start=max(r.start, released[r.partition])) for r in ranges
-                      if r.end > released[r.partition]]
+        record = ctx.tables.upstream_record()
+        begins = record.start if record else Frontier()
+        if lost := lost_problems(_published_frontier(remap, ctx.tables), begins, released_frontier(ctx.source)):
+            raise SourceError(f"{name}: bindings {start}..{upto} need records the upstream no longer holds (retention "
+                              "overtook them before they were published): " + "; ".join(lost)
+                              + f"; nothing staged. {UPSTREAM_HELP}")
+        ranges = clip_ranges(remap.ranges(start), begins)
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
         try:
             rows = ctx.tables.stage(read_ranges(ctx.spark, ctx.spec, ranges), upto)
@@ -133,7 +191,8 @@ def check(name: str, config_path: str | None = None) -> dict:
 
     with open_source(name, config_path, connect=False) as ctx:
         remap = ctx.tables.read_remap()
-        results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since)}
+        results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since,
+                                        upstreams=ctx.tables.recorded_upstreams())}
         window = pending(remap, ctx.tables)
         if window is not None:
             results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap, window[0],

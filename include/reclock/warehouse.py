@@ -9,7 +9,9 @@ writes), so it commits atomically with the rows it describes and survives overwr
 * reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
 
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
-after a crash commits nothing twice.  A backfill repair (:meth:`SourceTables.replace_reclocked`)
+after a crash commits nothing twice.  Ticks and publishes are compare-and-appends
+(:func:`compare_and_append`): racing writers never count rows twice.  The remap table's properties
+record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``.  A backfill repair (:meth:`SourceTables.replace_reclocked`)
 rewrites a window of published IntoTimes in one ``replaceWhere`` overwrite without an app
 transaction, so the versions stay as they were.
 
@@ -26,11 +28,12 @@ the reclocked table in one idempotent commit, then removes the staged files.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,13 +45,23 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
 from . import offsets
-from .engine import Increment, Remap
+from .engine import Frontier, Increment, Remap
 
 Kind = Literal["remap", "reclocked"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
+START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 STAGED = "staged"
 SUCCESS = "_SUCCESS"
+
+
+class UpstreamRecord(NamedTuple):
+    """Recorded with remap (table properties) at a source's first tick: where its history begins, the
+    upstream's identity (:mod:`reclock.engine.upstream`), and the gaps a user accepted (records lost upstream)."""
+
+    start: Frontier
+    identity: dict | None
+    gaps: list = []
 
 
 class WarehouseError(RuntimeError):
@@ -71,12 +84,23 @@ def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
 
 
 def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
-    """Create the Delta table at ``uri`` with ``schema`` unless it exists (delta-spark)."""
+    """Create the Delta table at ``uri`` with ``schema`` unless it exists (delta-spark).
+
+    Two steps creating it at once (racing first ticks): the loser's Delta error is dropped once the
+    winner's table exists (within ~10 s); callers check the schema it was created with.
+    """
     from delta.tables import DeltaTable as SparkDeltaTable
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(from_arrow_schema(schema))
-     .comment(name).execute())
+    try:
+        (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(from_arrow_schema(schema))
+         .comment(name).execute())
+    except Exception:
+        for _ in range(20):  # the winner may not have committed its first version yet
+            if SparkDeltaTable.isDeltaTable(spark, _spark_uri(uri)):
+                return
+            time.sleep(0.5)
+        raise
 
 
 def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
@@ -90,11 +114,72 @@ def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
     return spark.createDataFrame(rows.select(schema.names).cast(schema), spark_schema)
 
 
-def append(df, uri: str, columns: list[str], app_id: str, version: int) -> None:
+class ConcurrentWriteError(WarehouseError):
+    """Another writer committed to the table since this step read it; this step committed nothing."""
+
+
+_MOVED = "reclock: the table moved since it was read"
+_CONCURRENT = ("ConcurrentTransaction", "ConcurrentAppend", "ConcurrentDeleteRead", "ConcurrentDeleteDelete",
+               "ConcurrentWrite", "MetadataChanged", "ProtocolChanged")  # Delta's conflicts: <kind>Exception
+
+
+def append(df, uri: str, columns: list[str], app_id: str, version: int, metadata: dict | None = None) -> None:
     """Append Spark DataFrame ``df`` (possibly empty) to the Delta table at ``uri`` in one commit carrying
-    the app transaction ``app_id`` = ``version``; Delta skips it when the stored version is already ``>= version``."""
-    (df.select(*columns).write.format("delta").mode("append")
-     .option("txnAppId", app_id).option("txnVersion", str(version)).save(_spark_uri(uri)))
+    the app transaction ``app_id`` = ``version`` (and ``metadata`` as the commit's ``userMetadata``);
+    Delta skips it when the stored version is already ``>= version``."""
+    writer = (df.select(*columns).write.format("delta").mode("append")
+              .option("txnAppId", app_id).option("txnVersion", str(version)))
+    if metadata is not None:
+        writer = writer.option("userMetadata", json.dumps(metadata, sort_keys=True))
+    _save(writer, uri, app_id, version)
+
+
+def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: int,
+                       read_max_into_time: int | None, metadata: dict | None = None) -> None:
+    """:func:`append`, only if no writer added rows since the caller read the table.
+
+    ``read_max_into_time`` is the table's ``max(into_time)`` in the snapshot the caller read (None: no rows).
+    Two parts make it hold at the storage level, whoever else writes:
+
+    * the check runs inside the write's Delta transaction (the appended frame computes it from the table's
+      latest snapshot when the job runs, after the transaction began), and fails the job when a commit
+      with rows landed before;
+    * the transaction reads ``app_id``'s version, so Delta refuses the commit when another commit carrying
+      ``app_id`` lands while the job runs (``ConcurrentTransactionException``).
+
+    Either way :class:`ConcurrentWriteError` is raised and nothing is committed.  A commit without rows
+    (an idle tick) may land in between: it added nothing, so appending after it counts nothing twice.
+    """
+    append(_guarded(df.select(*columns), uri, read_max_into_time), uri, columns, app_id, version, metadata)
+
+
+def _save(writer, uri: str, app_id: str, version: int) -> None:
+    try:
+        writer.save(_spark_uri(uri))
+    except Exception as e:
+        if _concurrent(e):
+            raise ConcurrentWriteError(f"{uri}: another writer committed since this step read the table "
+                                       f"(committing {app_id} = {version}); nothing written") from None
+        raise
+
+
+def _concurrent(error: Exception) -> bool:
+    """Whether a Spark/Delta error says another writer committed first (nothing was committed here).
+
+    PySpark raises Delta's conflicts as ``delta.exceptions`` classes whose message lacks the class name,
+    or as a Py4J error whose message has the Java class name: both are looked at."""
+    text = f"{type(error).__name__}: {error}"
+    return _MOVED in text or any(f"{kind}Exception" in text for kind in _CONCURRENT)
+
+
+def _guarded(df, uri: str, read_max_into_time: int | None):
+    """``df``, failing when its job runs if the table's ``max(into_time)`` is no longer ``read_max_into_time``."""
+    from pyspark.sql import functions as F
+
+    now = df.sparkSession.read.format("delta").load(_spark_uri(uri)).agg(F.max("into_time").alias("m"))
+    same = F.col("m").eqNullSafe(F.lit(read_max_into_time).cast("long"))
+    ok = now.select(F.when(same, F.lit(True)).otherwise(F.raise_error(F.lit(_MOVED))).alias("_unchanged"))
+    return df.crossJoin(ok).where("_unchanged").drop("_unchanged")
 
 
 class Warehouse:
@@ -252,23 +337,73 @@ class SourceTables:
         except offsets.OffsetError as e:
             raise WarehouseError(f"cannot store the remap of {self.uri}: {e}") from e
 
-    def append_binding(self, remap_before: Remap, remap_after: Remap) -> bool:
-        """Store the ticks minting ``remap_after`` from ``remap_before`` in one commit; False if already stored."""
+    def append_binding(self, remap_before: Remap, remap_after: Remap, upstream: Frontier | None = None) -> bool:
+        """Store the ticks minting ``remap_after`` from ``remap_before`` in one commit; False if already stored.
+
+        ``upstream``, the upstream's upper the tick saw, is recorded with the commit (its ``userMetadata``)
+        for the remap check (:meth:`recorded_upstreams`).
+
+        Compare-and-append (:func:`compare_and_append`): :class:`ConcurrentWriteError` and nothing written
+        when another tick stored increments after ``remap_before`` was read, so racing ticks (a schedule and
+        a manual run, two workers) never count an increment twice.
+        """
         version = remap_after.upper - 1
-        stored = self._app_version("remap", REMAP_APP, -1)
+        dt = self._table_or_none("remap")
+        stored = -1 if dt is None else _app_version(dt, REMAP_APP, -1)
         if stored >= version:
             return False
         if remap_after.upper <= remap_before.upper:
             raise WarehouseError(f"remap_after (upper {remap_after.upper}) is not beyond remap_before "
                                  f"(upper {remap_before.upper})")
         if stored + 1 != remap_before.upper:
-            raise WarehouseError(f"remap_before has upper {remap_before.upper} but the stored remap "
-                                 f"has upper {stored + 1}")
+            raise ConcurrentWriteError(f"remap_before has upper {remap_before.upper} but the stored remap of "
+                                       f"{self.uri} has upper {stored + 1}: another tick committed; nothing written")
         rows = self._remap_rows(r for r in remap_after.increments() if r.into_time >= remap_before.upper)
-        self._append("remap", self._frame("remap", rows), REMAP_APP, version)
+        metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
+        compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
+                           REMAP_APP, version, _max_into_time(dt), metadata)
         if len(self.table("remap").file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
-            self._optimize("remap")
+            try:
+                self._optimize("remap")
+            except Exception as e:  # the binding is stored; a racing tick's commit makes OPTIMIZE retry later
+                if not _concurrent(e):
+                    raise
         return True
+
+    def recorded_upstreams(self) -> dict[int, Frontier]:
+        """``{into_time: the upstream's upper}`` recorded by the ticks still in the remap table's Delta log."""
+        dt = self._table_or_none("remap")
+        out = {}
+        for commit in [] if dt is None else dt.history():
+            try:
+                metadata = json.loads(commit.get("userMetadata") or "{}")
+                out[int(metadata["into_time"])] = Frontier.of([tuple(u) for u in metadata["upstream"]])
+            except (ValueError, KeyError, TypeError):
+                continue  # not a tick's commit (compaction, OPTIMIZE, a tick from before upstreams were recorded)
+        return out
+
+    def upstream_record(self) -> UpstreamRecord | None:
+        """What the remap table's properties record of the upstream since the first tick (None: not yet)."""
+        dt = self._table_or_none("remap")
+        conf = {} if dt is None else dt.metadata().configuration
+        if START_PROPERTY not in conf:
+            return None
+        return UpstreamRecord(Frontier.of([tuple(pair) for pair in json.loads(conf[START_PROPERTY])]),
+                              json.loads(conf.get(IDENTITY_PROPERTY, "null")), json.loads(conf.get(GAPS_PROPERTY, "[]")))
+
+    def record_upstream(self, record: UpstreamRecord) -> None:
+        """Record the start frontier, the upstream's identity and the gaps in the remap table's properties."""
+        values = {START_PROPERTY: json.dumps([list(pair) for pair in record.start]),
+                  IDENTITY_PROPERTY: json.dumps(record.identity, sort_keys=True),
+                  GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True)}
+        assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in values.items())
+        try:
+            self.spark.sql(f"ALTER TABLE delta.`{self.spark_uri('remap')}` SET TBLPROPERTIES ({assignments})")
+        except Exception as e:
+            if _concurrent(e):
+                raise ConcurrentWriteError(f"{self.uri}: another writer changed remap's properties; nothing "
+                                           "recorded") from None
+            raise
 
     # --- reclocked ----------------------------------------------------------------------
 
@@ -316,8 +451,13 @@ class SourceTables:
         return attempts, complete[-1]
 
     def publish_staged(self, upto: int) -> bool:
-        """Append the latest complete staged attempt for ``upto`` in one idempotent commit; False if already published."""
-        published = self._app_version("reclocked", RECLOCKED_APP, -1)
+        """Append the latest complete staged attempt for ``upto`` in one idempotent commit; False if already published.
+
+        Compare-and-append like :meth:`append_binding`: when another publish added rows after this one
+        read the table, :class:`ConcurrentWriteError` and nothing written (the staged window would overlap).
+        """
+        dt = self._table_or_none("reclocked")
+        published = -1 if dt is None else _app_version(dt, RECLOCKED_APP, -1)
         if published >= upto:
             return False
         remap_upper = self.remap_upper()
@@ -331,7 +471,8 @@ class SourceTables:
         schema = self.spark_schema("reclocked")
         staged = (self.spark.read.schema(schema).parquet(*[self._spark_path(i.path) for i in files]) if files
                   else self.spark.createDataFrame([], schema))
-        self._append("reclocked", staged, RECLOCKED_APP, upto)
+        compare_and_append(staged, self.table_uri("reclocked"), self.schemas["reclocked"].names, RECLOCKED_APP,
+                           upto, _max_into_time(dt))
         fs.delete_dir(_upto_dir(upto))  # copied into the table (or, for other attempts, never published)
         return True
 
@@ -479,6 +620,23 @@ def _rows_added(dt: DeltaTable, after: int) -> int:
 def _app_version(dt: DeltaTable, app_id: str, default: int) -> int:
     version = dt.transaction_version(app_id)
     return default if version is None else version
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _max_into_time(dt: DeltaTable | None) -> int | None:
+    """``max(into_time)`` of a snapshot (None: no rows), from the file statistics where every file has them."""
+    if dt is None:
+        return None
+    files = pa.table(dt.get_add_actions(flatten=True))
+    files = files.filter(pc.not_equal(pc.fill_null(files["num_records"], -1), 0))  # idle ticks commit empty files
+    if files.num_rows == 0:
+        return None
+    if "max.into_time" in files.column_names and files["max.into_time"].null_count == 0:
+        return pc.max(files["max.into_time"]).as_py()
+    return pc.max(dt.to_pyarrow_dataset().to_table(columns=["into_time"])["into_time"]).as_py()
 
 
 def _rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:

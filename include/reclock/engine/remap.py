@@ -12,6 +12,9 @@ the binding at ``since`` and are no longer distinguishable.  ``upper`` is the
 first IntoTime not yet bound: a tick at ``t`` moves it to ``t + 1`` even when
 the source did not move, in which case no binding (and no row) is added, so the
 in-memory and stored forms are the same.
+
+A tick reading the wall clock ``w`` binds at ``max(w, upper)`` (as Materialize does):
+IntoTime never goes backwards, whatever the clock does.
 """
 from __future__ import annotations
 
@@ -87,6 +90,11 @@ class Remap:
         if frontier == self.frontier:
             return Remap(self.bindings, self.since, into_time + 1)
         return Remap(self.bindings + (binding,), self.since, into_time + 1)
+
+    def binding_time(self, wall_clock: int) -> int:
+        """The IntoTime a tick binds at: ``max(wall_clock, upper)``, so a clock that stepped back (an NTP
+        correction, two workers with skewed clocks) binds at the upper instead of wedging the source."""
+        return max(wall_clock, self.upper)
 
     @classmethod
     def from_increments(cls, rows: Iterable[Increment | tuple], since: int = 0, upper: int = -1) -> "Remap":

@@ -54,11 +54,34 @@ class Source(Protocol):
 
     # Optional ``released() -> Frontier``: below it upstream no longer holds the records, when the
     # source can tell more precisely than ``committed()`` (Kafka keeps records after a group commit
-    # until retention or DeleteRecords removes them). Backfills (:mod:`reclock.backfill`) refuse
-    # windows that need records below it; without it they use ``committed()``.
+    # until retention or DeleteRecords removes them). Ticks, staging and backfills refuse to go on
+    # when records they need lie below it; without it they use ``committed()``.
+    # Optional ``starting_frontier() -> Frontier``: where the source's history begins, read at its
+    # first tick and recorded with remap (Kafka: ``starting_offsets``); default ``committed()`` (a
+    # Postgres slot's consistent point, a files source's commit file).
+    # Optional ``identity() -> dict[str, str]``: what makes the upstream this upstream (Kafka: the
+    # topic ID), recorded with remap; a tick refuses an upstream whose identity changed.
 
     def close(self) -> None:
         """Release connections."""
+
+
+def released_frontier(source: Source) -> Frontier:
+    """Below it upstream no longer holds records: ``source.released()``, else ``source.committed()``."""
+    released = getattr(source, "released", None)
+    return released() if callable(released) else source.committed()
+
+
+def starting_frontier(source: Source) -> Frontier:
+    """Where the source's history begins: ``source.starting_frontier()``, else ``source.committed()``."""
+    start = getattr(source, "starting_frontier", None)
+    return start() if callable(start) else source.committed()
+
+
+def identity_of(source: Source) -> dict[str, str] | None:
+    """The upstream's identity (``source.identity()``), None when the source has no such notion."""
+    identity = getattr(source, "identity", None)
+    return identity() if callable(identity) else None
 
 
 COMMITTED_NAME = "_reclock_committed.json"

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _OFFSET_INVALID = -1001
+_STARTING = ("earliest", "latest")
 
 
 class KafkaSource:
@@ -56,9 +57,11 @@ class KafkaSource:
         encoding: str = "utf-8",
         timeout_s: float = 10.0,
         config: Mapping[str, Any] | None = None,
+        starting_offsets: str | int = "earliest",
     ) -> None:
         """``timeout_s`` bounds every broker call (and a read that stops making progress);
-        ``config`` adds librdkafka properties (security, client.id, ...)."""
+        ``config`` adds librdkafka properties (security, client.id, ...); ``starting_offsets`` is where
+        the source's history begins (:meth:`starting_frontier`): ``earliest``, ``latest`` or a timestamp (ms)."""
         if not bootstrap_servers or not isinstance(bootstrap_servers, str):
             raise SourceError(f"bootstrap_servers must be a non-empty string, got {bootstrap_servers!r}")
         if not topic or not isinstance(topic, str):
@@ -73,6 +76,11 @@ class KafkaSource:
             raise SourceError(f"unknown encoding {encoding!r}") from e
         if timeout_s <= 0:
             raise SourceError(f"timeout_s must be positive, got {timeout_s!r}")
+        if starting_offsets not in _STARTING and (isinstance(starting_offsets, bool)
+                                                  or not isinstance(starting_offsets, int) or starting_offsets < 0):
+            raise SourceError(f"topic {topic!r}: starting_offsets must be one of {_STARTING} or a timestamp in ms "
+                              f"since the epoch, got {starting_offsets!r}")
+        self.starting_offsets = starting_offsets
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.group_id = group_id
@@ -160,6 +168,41 @@ class KafkaSource:
         """What Kafka no longer holds: the log start offsets (a group commit releases nothing;
         retention and DeleteRecords do). Backfills may read anything above it again."""
         return self.low_watermarks()
+
+    def starting_frontier(self) -> Frontier:
+        """Where the source's history begins (read at its first tick, then recorded with remap), as Spark's
+        Kafka source names it: ``earliest`` = the log start offsets now, ``latest`` = the upper now, a
+        timestamp = per partition the first offset whose record timestamp is at or after it (the upper
+        when there is none).  Never a consumer group's commits: the group may belong to another application."""
+        if self.starting_offsets == "earliest":
+            return self.low_watermarks()
+        upper = self.upper()
+        if self.starting_offsets == "latest":
+            return upper
+        from confluent_kafka import KafkaException, TopicPartition
+
+        wanted = [TopicPartition(self.topic, p, self.starting_offsets) for p in self.partitions()]
+        try:
+            found = self._client().offsets_for_times(wanted, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise self._fail(f"offsets for timestamp {self.starting_offsets} failed", e) from e
+        return Frontier.of({tp.partition: upper[tp.partition] if tp.offset < 0 else min(tp.offset, upper[tp.partition])
+                            for tp in found})
+
+    def identity(self) -> dict[str, str]:
+        """What makes this topic this topic: its name and topic ID (KIP-516; a topic deleted and recreated
+        under the same name gets a new ID)."""
+        from confluent_kafka import KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
+                             "logger": logging.getLogger("reclock.librdkafka"), **self.config})
+        try:
+            description = admin.describe_topics(TopicCollection([self.topic]),
+                                                request_timeout=self.timeout_s)[self.topic].result()
+        except KafkaException as e:
+            raise self._fail("describe topic failed", e) from e
+        return {"kafka.topic": self.topic, "kafka.topic_id": str(description.topic_id)}
 
     # --- reads ----------------------------------------------------------------------------
 

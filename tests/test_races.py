@@ -1,0 +1,133 @@
+"""Racing ticks of one source (issue 11): whoever runs them, remap stays exact.
+
+Four tickers start together each round while records arrive: as threads of one process (one Spark
+session, like two Airflow tasks of one worker) and as ``reclock tick`` processes (a scheduled and a
+manual run, the CLI).  After every round remap is strictly monotone, its increments sum to its
+frontier, and no frontier is beyond the upstream's high watermark; at the end the published
+reclocked table equals the engine's single-writer replay of the same remap.
+
+``RECLOCK_RACE_ROUNDS`` (default 20) and ``RECLOCK_RACE_PROCESS_ROUNDS`` (default 2) size the test:
+a process round starts four JVMs on this two-core machine.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+from conftest import reclocked_rows, run_cli, write_config
+
+from devtools.kafka_broker import produce
+from reclock import pipeline
+from reclock.engine import Frontier, reclock
+from reclock.warehouse import ConcurrentWriteError, SourceTables
+
+pytestmark = pytest.mark.slow
+
+TICKERS = 4
+ROUNDS = int(os.environ.get("RECLOCK_RACE_ROUNDS", "20"))
+PROCESS_ROUNDS = int(os.environ.get("RECLOCK_RACE_PROCESS_ROUNDS", "2"))
+
+
+@pytest.fixture
+def source(kafka_broker, kafka_topic, tmp_path):
+    topic = kafka_topic(partitions=2, prefix="race")
+    return topic, write_config(tmp_path, kafka_broker, {"orders": topic})
+
+
+def assert_sound(config: str) -> None:
+    """Remap is strictly monotone, sums to its frontier and is not beyond the upstream."""
+    with pipeline.open_source("orders", config) as ctx:
+        rows = ctx.tables._read("remap").to_pylist()
+        remap = ctx.tables.read_remap()  # RemapError if the stored increments are not monotone
+        upstream = ctx.source.upper()
+    times = [b.into_time for b in remap.bindings]
+    assert times == sorted(set(times)), f"bindings not strictly later: {times}"
+    sums = Counter()
+    for r in rows:
+        sums[r["partition"]] += r["increment"]
+    assert Frontier.of(dict(sums)) == remap.frontier
+    assert remap.frontier.less_equal(upstream), f"remap frontier {remap.frontier} beyond upstream {upstream}"
+
+
+def produce_round(kafka_broker: str, topic: str, round_: int) -> None:
+    produce(kafka_broker, topic, [(f"k{i}", f"r{round_}-{i}", (round_ + i) % 2) for i in range(3 + round_ % 4)])
+
+
+def assert_published_equals_replay(config: str, spark) -> None:
+    """Publish what is bound (one writer), and compare with the engine's reclock() of every record."""
+    pipeline.stage("orders", config, spark)
+    pipeline.check("orders", config)
+    pipeline.publish("orders", config, spark)
+    with pipeline.open_source("orders", config) as ctx:
+        remap = ctx.tables.read_remap()
+        updates = [(d["value"], p, o, diff) for p, upper in ctx.source.upper()
+                   for d, o, diff in ctx.source.read(p, 0, upper)]
+    expected = sorted((d, p, o, t, diff) for d, p, o, t, diff in reclock(updates, remap))
+    assert expected and reclocked_rows("orders", config) == expected
+
+
+def test_racing_tick_threads_count_nothing_twice(kafka_broker, spark, source, monkeypatch):
+    topic, config = source
+    rows = SourceTables._remap_rows
+
+    def slow_worker(self, increments):  # jitter between reading remap and writing: a slow or paused worker
+        time.sleep(random.uniform(0, 0.5))
+        return rows(self, increments)
+
+    monkeypatch.setattr(SourceTables, "_remap_rows", slow_worker)
+    lost = 0
+    for round_ in range(ROUNDS):
+        produce_round(kafka_broker, topic, round_)
+        start, failures, errors = threading.Barrier(TICKERS), [], []
+
+        def ticker():
+            start.wait()
+            try:
+                pipeline.tick("orders", config, spark=spark)
+            except ConcurrentWriteError:  # lost every retry: a clean failure, nothing written
+                failures.append(1)
+            except BaseException as e:  # anything else fails the test
+                errors.append(e)
+
+        threads = [threading.Thread(target=ticker) for _ in range(TICKERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, [f"{type(e).__name__}: {str(e)[:800]}" for e in errors]
+        lost += len(failures)
+        assert_sound(config)
+    assert lost < ROUNDS * TICKERS  # most ticks commit (or find their tick already stored)
+    assert_published_equals_replay(config, spark)
+
+
+def test_racing_tick_processes_count_nothing_twice(kafka_broker, spark, source):
+    topic, config = source
+    for round_ in range(PROCESS_ROUNDS):
+        produce_round(kafka_broker, topic, round_)
+        procs = [run_cli(config, "tick", "orders") for _ in range(TICKERS)]
+        outputs = [(p.wait(timeout=300), p.stdout.read().decode()) for p in procs]
+        for code, output in outputs:  # a loser fails cleanly, naming the race
+            assert code == 0 or "another" in output, output[-2000:]
+        assert any(code == 0 for code, _ in outputs)
+        assert_sound(config)
+    assert_published_equals_replay(config, spark)
+
+
+def test_a_clock_stepped_back_binds_at_the_upper(kafka_broker, spark, source, monkeypatch, caplog):
+    """A wall clock that steps back (an NTP correction, a skewed worker) does not wedge the source."""
+    topic, config = source
+    clock = iter([50_000, 20_000])
+    monkeypatch.setattr(pipeline, "now_ms", lambda: next(clock))
+    produce_round(kafka_broker, topic, 0)
+    assert pipeline.tick("orders", config, spark=spark)["into_time"] == 50_000
+    produce_round(kafka_broker, topic, 1)
+    with caplog.at_level("WARNING", logger="reclock"):
+        assert pipeline.tick("orders", config, spark=spark)["into_time"] == 50_001
+    assert "the wall clock 20000 is behind the remap upper 50001" in caplog.text
+    assert_sound(config)
+    assert_published_equals_replay(config, spark)

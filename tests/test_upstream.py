@@ -1,0 +1,127 @@
+"""Kafka topic lifecycle against what remap bound (issue 11): recreated and shrunk topics are refused, a
+source starts where ``starting_offsets`` says (never where a reused consumer group stands), and records
+lost to retention stop the source until ``accept-lost`` records the gap.  Real broker, Spark and Delta."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import reclocked_rows, write_config
+
+from devtools.kafka_broker import delete_records, produce, recreate_topic
+from reclock import pipeline
+from reclock.backfill import replay
+from reclock.clock import now_ms
+from reclock.engine import Frontier
+from reclock.sources.base import SourceError
+from reclock.sources.kafka import KafkaSource
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def topic(kafka_topic):
+    return kafka_topic(partitions=1, prefix="life")
+
+
+def config_for(tmp_path, kafka_broker, topic, **options) -> str:
+    return write_config(tmp_path, kafka_broker, {"events": topic}, **options)
+
+
+def offsets(config) -> list[int]:
+    return sorted(r[2] for r in reclocked_rows("events", config))
+
+
+def upper(config) -> int:
+    with pipeline.open_source("events", config, connect=False) as ctx:
+        return ctx.tables.remap_upper()
+
+
+def values(n: int, first: int = 0, partition: int = 0) -> list[tuple]:
+    return [(f"k{i}", f"v{i}", partition) for i in range(first, first + n)]
+
+
+def test_a_recreated_topic_is_refused(kafka_broker, spark, topic, tmp_path):
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(5))
+    pipeline.run_once("events", config, spark, now=1_000)
+    recreate_topic(kafka_broker, topic, partitions=1)
+    produce(kafka_broker, topic, values(8))  # the new topic grows past the old offsets
+    with pytest.raises(SourceError, match=r"events .*kafka\.topic_id was '.+' when remap began, now '.+'.*nothing "
+                                          r"written.*new source"):
+        pipeline.tick("events", config, now=2_000, spark=spark)
+    assert upper(config) == 1_001 and offsets(config) == [0, 1, 2, 3, 4]
+
+
+def test_a_topic_with_fewer_partitions_is_refused(kafka_broker, spark, kafka_topic, tmp_path):
+    topic = kafka_topic(partitions=2, prefix="shrink")
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(3, partition=1))
+    pipeline.tick("events", config, now=1_000, spark=spark)
+    recreate_topic(kafka_broker, topic, partitions=1)
+    with pytest.raises(SourceError, match=r"partition 1: upstream upper 0 is below the bound offset 3 \(the "
+                                          r"partition no longer exists\)"):
+        pipeline.tick("events", config, now=2_000, spark=spark)
+
+
+def test_a_log_starting_above_zero_starts_there(kafka_broker, spark, topic, tmp_path):
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(10))
+    delete_records(kafka_broker, topic, 0, before=5)  # retention already removed offsets 0..4
+    pipeline.run_once("events", config, spark, now=1_000)
+    assert offsets(config) == [5, 6, 7, 8, 9]
+    # a backfill of that first window replays it from the recorded start, not from offset 0
+    assert replay("events", config, 1_000, 1_000, spark=spark)["replayed"]["rows"] == 5
+
+
+def test_a_reused_consumer_group_does_not_move_the_start(kafka_broker, spark, topic, tmp_path):
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(10))
+    with KafkaSource(kafka_broker, topic, group_id=f"g-{topic}") as other_application:
+        other_application.commit(Frontier.of({0: 6}))
+    pipeline.run_once("events", config, spark, now=1_000)
+    assert offsets(config) == list(range(10))
+
+
+@pytest.mark.parametrize("starting", ["latest", "timestamp"])
+def test_starting_offsets(kafka_broker, spark, topic, tmp_path, starting):
+    produce(kafka_broker, topic, values(4))
+    time.sleep(0.05)
+    start = now_ms()
+    time.sleep(0.05)
+    produce(kafka_broker, topic, values(2, first=4))
+    config = config_for(tmp_path, kafka_broker, topic,
+                        starting_offsets="latest" if starting == "latest" else start)
+    pipeline.run_once("events", config, spark, now=1_000)
+    produce(kafka_broker, topic, values(3, first=6))
+    pipeline.run_once("events", config, spark, now=2_000)
+    assert offsets(config) == ([6, 7, 8] if starting == "latest" else [4, 5, 6, 7, 8])
+
+
+def test_bad_starting_offsets_name_the_topic(kafka_broker, topic):
+    with pytest.raises(SourceError, match=f"topic '{topic}': starting_offsets must be one of"):
+        KafkaSource(kafka_broker, topic, group_id="g", starting_offsets="beginning")
+
+
+def test_retention_overtaking_bound_records_stops_until_the_gap_is_accepted(kafka_broker, spark, topic, tmp_path):
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(4))
+    pipeline.run_once("events", config, spark, now=1_000)
+    produce(kafka_broker, topic, values(6, first=4))
+    pipeline.tick("events", config, now=2_000, spark=spark)  # binds 4..9 at 2000, not yet published
+    delete_records(kafka_broker, topic, 0, before=7)  # retention removes 4..6 before staging reads them
+    with pytest.raises(SourceError, match=r"bindings 1001\.\.2000 need records the upstream no longer holds.*"
+                                          r"partition 0: offsets \[4, 7\) were released"):
+        pipeline.stage("events", config, spark)
+    produce(kafka_broker, topic, values(2, first=10))
+    delete_records(kafka_broker, topic, 0, before=11)  # 10 is lost too, never bound
+    with pytest.raises(SourceError, match=r"offsets \[10, 11\) were released upstream"):
+        pipeline.tick("events", config, now=3_000, spark=spark)
+
+    lost = pipeline.accept_lost("events", config, spark)["lost"]
+    assert [(g["partition"], g["start"], g["end"], g["bound_at"]) for g in lost] == [(0, 4, 11, [2_000, None])]
+    pipeline.run_once("events", config, spark, now=3_000)
+    assert offsets(config) == [0, 1, 2, 3, 11]
+    with pipeline.open_source("events", config, connect=False) as ctx:
+        assert ctx.tables.upstream_record().gaps == lost  # the gap stays on record with remap
+    assert pipeline.accept_lost("events", config, spark)["lost"] == []
