@@ -207,14 +207,12 @@ def replay(name: str, config_path: str | None, start: int, end: int, spark=None,
     """
     if mode not in MODES:
         raise BackfillError(f"{name}: mode must be one of {MODES}, got {mode!r}")
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     from .spark_session import get_spark
 
     with open_source(name, config_path) as ctx:
         window = plan(ctx, name, start, end)
         spark = spark or get_spark(ctx.spark_master, f"reclock-backfill-{name}")
-        schema = from_arrow_schema(ctx.tables.schemas["reclocked"])
+        schema = ctx.tables.spark_schema("reclocked")
         replayed = canonical(_replayed(spark, ctx, window, schema), window, schema).persist()
         try:
             replay_rows, replay_digest = _source_errors(window, lambda: digest(replayed))

@@ -83,3 +83,10 @@ def get_spark(master: str | None = None, app_name: str = "reclock", s3: bool = F
 def submitted_spark(app_name: str = "reclock", s3: bool = False):
     """The session of a job started by spark-submit, which chose the master."""
     return _builder(app_name, s3).getOrCreate()
+
+
+def spark_schema(arrow_schema):
+    """The Spark schema of an Arrow schema (``pyspark.sql.pandas.types.from_arrow_schema``)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow_schema)

@@ -45,6 +45,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from . import offsets
 from .sources import build_source
 from .sources.base import SourceError
+from .spark_session import spark_schema
 
 NAME = "reclock"
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
@@ -65,12 +66,6 @@ def output_arrow_schema(source) -> pa.Schema:
         pa.field("into_time", pa.int64(), nullable=False),
         pa.field("diff", pa.int64(), nullable=False),
     ])
-
-
-def spark_schema(arrow_schema: pa.Schema):
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(arrow_schema)
 
 
 def _parse_spec(options: Mapping[str, str]) -> dict:

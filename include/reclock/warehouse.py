@@ -46,6 +46,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from . import offsets
 from .engine import Frontier, Increment, Remap
+from .spark_session import spark_schema
 
 Kind = Literal["remap", "reclocked"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")
@@ -90,10 +91,9 @@ def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
     winner's table exists (within ~10 s); callers check the schema it was created with.
     """
     from delta.tables import DeltaTable as SparkDeltaTable
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     try:
-        (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(from_arrow_schema(schema))
+        (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(spark_schema(schema))
          .comment(name).execute())
     except Exception:
         for _ in range(20):  # the winner may not have committed its first version yet
@@ -105,13 +105,10 @@ def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
 
 def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
     """A Spark DataFrame of Arrow ``rows`` with ``schema`` (small tables: remap, TEMP)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    spark_schema = from_arrow_schema(schema)
     if rows.num_rows == 0:
-        return spark.createDataFrame([], spark_schema)
+        return spark.createDataFrame([], spark_schema(schema))
     # From Arrow directly: a pandas round trip would turn a nullable int64 column into floats.
-    return spark.createDataFrame(rows.select(schema.names).cast(schema), spark_schema)
+    return spark.createDataFrame(rows.select(schema.names).cast(schema), spark_schema(schema))
 
 
 class ConcurrentWriteError(WarehouseError):
@@ -249,9 +246,7 @@ class SourceTables:
             return None
 
     def spark_schema(self, kind: Kind):
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        return from_arrow_schema(self.schemas[kind])
+        return spark_schema(self.schemas[kind])
 
     def create_if_absent(self) -> None:
         """Create both tables with Spark if missing; :class:`WarehouseError` if one exists with another schema."""
@@ -296,9 +291,10 @@ class SourceTables:
         dt = self._table_or_none(kind)
         return default if dt is None else _app_version(dt, app_id, default)
 
-    def read_spark(self, kind: Kind, version: int | None = None):
-        """The table (at its latest, or the given version: Delta time travel) as a Spark DataFrame."""
-        reader = self.spark.read.format("delta")
+    def read_spark(self, kind: Kind, version: int | None = None, spark=None):
+        """The table (at its latest, or the given version: Delta time travel) as a Spark DataFrame, read with
+        ``spark`` (default: the tables' session)."""
+        reader = (spark or self.spark).read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.spark_uri(kind)).select(*self.schemas[kind].names)
@@ -493,10 +489,9 @@ class SourceTables:
         return [_spark_uri(f) for f in self.table(kind, version).file_uris()]
 
     def read_reclocked_spark(self, spark=None, version: int | None = None):
-        """The reclocked table (latest, or at Delta ``version``) as a Spark DataFrame."""
-        if spark is not None and self._spark is None:
-            self._spark = spark
-        return self.read_spark("reclocked", version)
+        """The reclocked table (latest, or at Delta ``version``) as a Spark DataFrame (``spark``: the session
+        to read with, for tables opened without one, e.g. by a query that must not create tables)."""
+        return self.read_spark("reclocked", version, spark)
 
     def replace_reclocked(self, df, predicate: str) -> int:
         """Replace the reclocked rows matching ``predicate`` (SQL on ``into_time``) by a Spark DataFrame's rows.
