@@ -509,12 +509,17 @@ def main(argv: list[str] | None = None) -> int:
     with LocalBroker(data_dir=args.data_dir, port=args.port, host=args.host) as broker:
         print(f"Kafka bootstrap: {broker.bootstrap} (Kafka pid {broker.pid}, data {broker.data_dir}); Ctrl-C stops",
               flush=True)
-        try:
-            while broker.running():
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+        run_until_interrupted(broker.running)
     return 0
+
+
+def run_until_interrupted(running) -> None:
+    """Wait while ``running()`` is true, until Ctrl-C: the ``python -m devtools...`` commands' foreground."""
+    try:
+        while running():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":
