@@ -315,16 +315,40 @@ def test_bind_mounts_and_dockerfile_copies_exist(svc):
 def test_dockerfile_matches_the_pins():
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
-    assert "openjdk-17-jre-headless" in text and "pip install -r requirements.txt" in text
+    assert "openjdk-17-jre-headless maven " in text and "pip install -r requirements.txt" in text
     assert "pip install --no-deps -e ." in text
-    # hadoop-aws must be the Hadoop version of the client jars inside the installed pyspark wheel.
-    spec = importlib.util.find_spec("pyspark")
-    jars = Path(list(spec.submodule_search_locations)[0]) / "jars"
-    [client] = [p.name for p in jars.glob("hadoop-client-api-*.jar")]
-    hadoop = client[len("hadoop-client-api-"):-len(".jar")]
-    assert f"ARG HADOOP_AWS_VERSION={hadoop}\n" in text, f"pyspark ships Hadoop {hadoop}"
-    assert re.search(r"^ARG S3A_JARS=maven$", text, re.M)
-    assert "pyspark==" in (REPO / "requirements.txt").read_text()
+    # The jars are the poms' (jvm/fetch-jars.sh, after pyspark is installed: it drops what pyspark ships), in
+    # var/jars/ under the image's repository, where reclock.spark_session looks, as in a checkout.
+    steps = ["pip install -r requirements.txt", "COPY jvm/ jvm/", "bash jvm/fetch-jars.sh /usr/local/bin/python spark spark-s3",
+             "pip install --no-deps -e ."]
+    assert [text.index(step) for step in steps] == sorted(text.index(step) for step in steps)
+    assert f"WORKDIR {IMAGE_REPO}\n" in text and "!jvm/" in (REPO / "docker" / "Dockerfile.dockerignore").read_text()
+    from reclock import spark_session
+
+    assert (spark_session.JARS, spark_session.S3_JARS) == (REPO / "var" / "jars" / "spark", REPO / "var" / "jars" / "spark-s3")
+
+
+def pom_properties(name: str) -> dict[str, str]:
+    """The ``<properties>`` of jvm/<name>/pom.xml."""
+    from xml.etree import ElementTree
+
+    properties = ElementTree.parse(REPO / "jvm" / name / "pom.xml").getroot().find("{*}properties")
+    return {element.tag.split("}")[1]: element.text for element in properties}
+
+
+def test_versions_agree_with_the_poms_and_pins(svc):
+    import pyspark
+
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "requirements.txt").read_text(), re.M))
+    spark = pom_properties("spark")
+    assert pins["pyspark"] == pyspark.__version__ == spark["spark.version"]
+    assert pins["delta-spark"] == spark["delta.version"]
+    # hadoop-aws is the Hadoop of the client jars inside the installed pyspark wheel.
+    [client] = (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")
+    assert client.name == f"hadoop-client-api-{pom_properties('spark-s3')['hadoop.version']}.jar"
+    # The compose broker is the Kafka the tests run (jvm/kafka-broker/pom.xml).
+    kafka = pom_properties("kafka-broker")["kafka.version"]
+    assert svc["kafka"]["image"] == svc["kafka-init"]["image"] == f"apache/kafka:{kafka}"
 
 
 # --- the reclock config and the DAGs under the compose environment ---------------------------------
