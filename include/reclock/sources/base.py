@@ -87,20 +87,37 @@ def identity_of(source: Source) -> dict[str, str] | None:
 COMMITTED_NAME = "_reclock_committed.json"
 
 
-def read_committed(fs, path: str) -> Frontier:
-    """The frontier a file-backed source committed to ``path`` on fsspec filesystem ``fs`` (empty before any)."""
+def read_commit_doc(fs, path: str) -> dict:
+    """The whole JSON document of the commit file at ``path`` (``{}`` before any commit)."""
     try:
-        return Frontier.of(json.loads(fs.cat_file(path))["committed"])  # {key: upper} or [[partition, upper]]
+        doc = json.loads(fs.cat_file(path))
     except FileNotFoundError:
-        return Frontier()
-    except (ValueError, KeyError, TypeError, AttributeError, FrontierError) as e:
+        return {}
+    except ValueError as e:
+        raise SourceError(f"unreadable commit file {path}: {e}") from e
+    if not isinstance(doc, dict):
+        raise SourceError(f"unreadable commit file {path}: not a JSON object")
+    return doc
+
+
+def committed_of(doc: dict, path: str) -> Frontier:
+    """The frontier of a commit document (:func:`read_commit_doc`); empty for ``{}``."""
+    try:
+        return Frontier.of(doc["committed"]) if doc else Frontier()  # {key: upper} or [[partition, upper]]
+    except (KeyError, TypeError, AttributeError, FrontierError) as e:
         raise SourceError(f"unreadable commit file {path}: {e}") from e
 
 
-def write_committed(fs, path: str, committed: dict | list) -> None:
+def read_committed(fs, path: str) -> Frontier:
+    """The frontier a file-backed source committed to ``path`` on fsspec filesystem ``fs`` (empty before any)."""
+    return committed_of(read_commit_doc(fs, path), path)
+
+
+def write_committed(fs, path: str, committed: dict | list, version: int = 1, **fields: Any) -> None:
     """Replace the commit file at ``path`` with ``committed`` (``{key: upper}``, or ``[[partition, upper]]``
-    where partitions are not strings): written aside, then renamed (one PUT on object stores)."""
+    where partitions are not strings) and any other JSON ``fields``: written aside, then renamed (one PUT on
+    object stores)."""
     tmp = path + ".tmp"
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    fs.pipe_file(tmp, json.dumps({"version": 1, "committed": committed}, sort_keys=True).encode())
+    fs.pipe_file(tmp, json.dumps({**fields, "version": version, "committed": committed}, sort_keys=True).encode())
     fs.mv(tmp, path)

@@ -49,7 +49,9 @@ def parse_transport(transport: str | Mapping[str, Any], pattern: str = FILE_PATT
             raise SourceError(f"a Kafka transport is kafka://host:port/topic, got {transport!r}")
         return {"kind": "kafka", "bootstrap_servers": url.netloc, "topic": topic, "group_id": group_id,
                 "timeout_s": timeout_s}
-    return {"kind": "files", "url": transport, "pattern": pattern, "storage_options": dict(storage_options or {})}
+    # files keyed by name: the sink writes each file once, whole, and duplicated messages may repeat first lines
+    return {"kind": "files", "url": transport, "pattern": pattern, "storage_options": dict(storage_options or {}),
+            "identity": "name"}
 
 
 def open_transport(transport: str | Mapping[str, Any], **kwargs: Any) -> Source:
