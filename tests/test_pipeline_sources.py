@@ -20,6 +20,7 @@ from reclock import pipeline
 from devtools.kafka_broker import create_topic, produce
 from reclock.query import readable, register_as_of
 from reclock.sources.base import SourceError
+from reclock.sources.files import FileSource
 from reclock.warehouse import WarehouseError
 
 pytestmark = pytest.mark.slow
@@ -223,14 +224,17 @@ def test_files_end_to_end(spark, tmp_path):
                 at = end + 1
         return out
 
+    keys = {}  # partition (file identity) -> key; no file is renamed here
+
     def files_view(t):
         rows = view(spark, config, "logs", t)
-        return Counter((r["line"], r["partition"], r["offset"]) for r in rows)
+        return Counter((r["line"], keys[r["partition"]], r["offset"]) for r in rows)
 
     snapshots = {}
 
     def tick(t):
         pipeline.run_once("logs", config, spark, now=t)
+        keys.update(FileSource(str(root), pattern="*.log").names())
         snapshots[t] = lines()
         assert files_view(t) == snapshots[t]
         assert_resumed("logs", config)
@@ -246,7 +250,7 @@ def test_files_end_to_end(spark, tmp_path):
     append("c.log", "c1\n")  # a new key
     append("a.log", "é\n")
     tick(3_000)
-    assert {k for _, k, _ in snapshots[3_000]} == {"a.log", "b.log", "c.log"}
+    assert {k for _, k, _ in snapshots[3_000]} == {"a.log", "b.log", "c.log"} == set(keys.values())
     for t in (1_000, 2_000):  # since = 500 after tick 3_000: earlier times stay exact
         assert files_view(t) == snapshots[t]
     assert len(reclocked("logs", config)) == sum(snapshots[3_000].values())
@@ -260,6 +264,43 @@ def test_files_end_to_end(spark, tmp_path):
     with pipeline.open_source("logs", config, connect=False) as ctx:
         assert ctx.tables.remap_upper() == 3_001
     assert files_view(3_000) == snapshots[3_000]
+
+
+def test_files_rotation_end_to_end(spark, tmp_path):
+    """Rename, then copy-truncate rotation between ticks: the published table has every line exactly once."""
+    root = tmp_path / "in"
+    root.mkdir()
+    config = write_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "app.log*"}))
+    n, at = 0, {}  # line -> the IntoTime of the first tick after it was written
+
+    def append(key, count, tick):
+        nonlocal n
+        with open(root / key, "a") as f:
+            for _ in range(count):
+                f.write(f"line {n}\n")
+                at[f"line {n}"] = tick
+                n += 1
+
+    append("app.log", 100, 1_000)
+    pipeline.run_once("logs", config, spark, now=1_000)
+    (root / "app.log").rename(root / "app.log.1")  # rotation by rename
+    append("app.log.1", 5, 2_000)  # the writer had not reopened yet
+    append("app.log", 100, 2_000)
+    pipeline.run_once("logs", config, spark, now=2_000)
+    (root / "app.log.1").rename(root / "app.log.2")  # rotation by copy-truncate
+    (root / "app.log.1").write_bytes((root / "app.log").read_bytes())
+    (root / "app.log").write_bytes(b"")
+    append("app.log", 100, 3_000)
+    pipeline.run_once("logs", config, spark, now=3_000)
+
+    rows = reclocked("logs", config)
+    assert Counter(r["line"] for r in rows) == Counter(list(at)) and all(r["diff"] == 1 for r in rows)
+    assert {r["line"]: r["into_time"] for r in rows} == at
+    assert len({r["partition"] for r in rows}) == 3  # three files, whatever their names now
+    names = FileSource(str(root), pattern="app.log*").names()
+    assert sorted(names.values()) == ["app.log", "app.log.1", "app.log.2"]
+    assert Counter(r["line"] for r in view(spark, config, "logs", 3_000)) == Counter(list(at))
+    assert set(assert_resumed("logs", config).partitions) == {r["partition"] for r in rows}  # commit by identity
 
 
 # --- Kafka: a malformed record -----------------------------------------------------------------
