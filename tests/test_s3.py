@@ -25,7 +25,7 @@ pytest.importorskip("moto.server")
 
 from reclock.engine import Frontier, Remap, Update, reclock  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
-from reclock.sources.files import COMMITTED_NAME, FileSource  # noqa: E402
+from reclock.sources.files import COMMITTED_NAME, FileSource, fingerprint  # noqa: E402
 from reclock.warehouse import SUCCESS, Warehouse  # noqa: E402
 
 BUCKET = "reclock-test"
@@ -108,8 +108,11 @@ def s3fs_(s3_endpoint):
 # --- (a) the files source over s3:// ------------------------------------------------------------
 
 
-def lines(source: FileSource, key: str, start: int, end: int) -> list[tuple[str, int]]:
-    return [(r["line"], offset) for r, offset, _ in source.read(key, start, end)]
+def lines(source: FileSource, ident: str, start: int, end: int) -> list[tuple[str, int]]:
+    return [(r["line"], offset) for r, offset, _ in source.read(ident, start, end)]
+
+
+A, B = fingerprint(b"one\n"), fingerprint(b"x\n")  # the partitions of files starting "one\n" and "x\n"
 
 
 def test_files_source_over_s3(s3_endpoint, s3fs_, prefix):
@@ -117,46 +120,61 @@ def test_files_source_over_s3(s3_endpoint, s3fs_, prefix):
     s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\nthr")  # partial last line
     source = FileSource(f"s3://{root}", pattern="*.log", storage_options=fsspec_options(s3_endpoint))
 
-    assert source.upper() == Frontier.of({"a.log": 8})  # the partial line does not count
-    assert lines(source, "a.log", 0, 8) == [("one", 0), ("two", 4)]
-    assert lines(source, "a.log", 4, 8) == [("two", 4)]  # exact ranged read from the middle
-    assert lines(source, "a.log", 4, 5) == [("two", 4)]  # lines *starting* in the range
+    assert source.upper() == Frontier.of({A: 8})  # the partial line does not count
+    assert source.names() == {A: "a.log"}
+    assert lines(source, A, 0, 8) == [("one", 0), ("two", 4)]
+    assert lines(source, A, 4, 8) == [("two", 4)]  # exact ranged read from the middle
+    assert lines(source, A, 4, 5) == [("two", 4)]  # lines *starting* in the range
     with pytest.raises(SourceError, match="not the start of a line"):
-        list(source.read("a.log", 5, 8))
+        list(source.read(A, 5, 8))
 
     # Objects are replaced whole on S3: "appending" is a new PUT of the longer content.
     s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\nthree\n")
     s3fs_.pipe_file(f"{root}/b.log", b"x\n")  # a new key appears later
     s3fs_.pipe_file(f"{root}/ignored.txt", b"not matched\n")
-    assert source.upper() == Frontier.of({"a.log": 14, "b.log": 2})
-    assert lines(source, "a.log", 8, 14) == [("three", 8)]
-    assert lines(source, "b.log", 0, 2) == [("x", 0)]
+    assert source.upper() == Frontier.of({A: 14, B: 2})
+    assert lines(source, A, 8, 14) == [("three", 8)]
+    assert lines(source, B, 0, 2) == [("x", 0)]
 
     assert source.committed() == Frontier()
-    source.commit(Frontier.of({"a.log": 8}))
+    source.commit(Frontier.of({A: 8}))
     assert s3fs_.exists(f"{root}/{COMMITTED_NAME}") and not s3fs_.exists(f"{root}/{COMMITTED_NAME}.tmp")
-    assert b'"a.log": 8' in s3fs_.cat_file(f"{root}/{COMMITTED_NAME}")
-    source.commit(Frontier.of({"b.log": 2}))  # joined with the last commit
+    assert f'"{A}": 8'.encode() in s3fs_.cat_file(f"{root}/{COMMITTED_NAME}")
+    source.commit(Frontier.of({B: 2}))  # joined with the last commit
     fresh = FileSource(f"s3://{root}", pattern="*.log", storage_options=fsspec_options(s3_endpoint))
-    assert fresh.committed() == Frontier.of({"a.log": 8, "b.log": 2})
-    assert fresh.upper() == Frontier.of({"a.log": 14, "b.log": 2})  # the commit file is not a key
+    assert fresh.committed() == Frontier.of({A: 8, B: 2})
+    assert fresh.upper() == Frontier.of({A: 14, B: 2})  # the commit file is not a key
 
     s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\n")  # shrank
-    with pytest.raises(SourceError, match="shrank"):
+    with pytest.raises(SourceError, match=rf"file {A} \(key 'a.log'\) shrank from 14 to 8"):
         source.upper()
+
+    # overwritten with other first bytes: a new identity; the old one had lines not yet committed
+    s3fs_.pipe_file(f"{root}/a.log", b"uno\ndos\n")
+    with pytest.raises(SourceError, match=rf"file {A} \(key 'a.log'\) disappeared with lines \[8, 14\) not yet"):
+        source.upper()
+    with pytest.raises(SourceError, match=rf"file {A} does not exist"):  # and a stage could not read them
+        list(fresh.read(A, 8, 14))
+    s3fs_.pipe_file(f"{root}/a.log", b"one\ntwo\nthree\n")
+    source.commit(source.upper())  # once committed, the old identity may go
+    s3fs_.pipe_file(f"{root}/a.log", b"uno\ndos\n")
+    uno = fingerprint(b"uno\n")
+    assert source.upper() == Frontier.of({A: 14, B: 2, uno: 8}) and source.names() == {B: "b.log", uno: "a.log"}
+    assert lines(fresh, uno, 0, 8) == [("uno", 0), ("dos", 4)]
 
 
 def test_files_source_delete_committed_over_s3(s3_endpoint, s3fs_, prefix):
     root = f"{BUCKET}/{prefix}/logs"
     s3fs_.pipe_file(f"{root}/a.log", b"a\n")
     s3fs_.pipe_file(f"{root}/b.log", b"b\nbb\n")
+    a, b = fingerprint(b"a\n"), fingerprint(b"b\n")
     source = FileSource(f"s3://{root}", storage_options=fsspec_options(s3_endpoint), delete_committed=True)
-    source.commit(Frontier.of({"a.log": 2, "b.log": 2}))
+    source.commit(Frontier.of({a: 2, b: 2}))
     assert not s3fs_.exists(f"{root}/a.log") and s3fs_.exists(f"{root}/b.log")
-    assert source.released() == Frontier.of({"a.log": 2, "b.log": 2})
-    assert source.upper() == Frontier.of({"a.log": 2, "b.log": 5})
+    assert source.released() == Frontier.of({a: 2, b: 2})
+    assert source.upper() == Frontier.of({a: 2, b: 5})
     with pytest.raises(SourceError, match="already released"):
-        list(source.read("a.log", 0, 2))
+        list(source.read(a, 0, 2))
 
 
 # --- (b) the warehouse on s3:// --------------------------------------------------------------------
@@ -264,11 +282,11 @@ def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
     path.write_text(yaml.safe_dump(config))
 
     out = pipeline.tick("logs", str(path), now=100)
-    assert out["frontier"] == {"a.log": 8} and out["new_offsets"] == 8 and out["written"]
+    assert out["frontier"] == {A: 8} and out["new_offsets"] == 8 and out["written"]
     s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npartial\n")
     out = pipeline.tick("logs", str(path), now=200)
-    assert out["frontier"] == {"a.log": 16} and out["new_offsets"] == 8
+    assert out["frontier"] == {A: 16} and out["new_offsets"] == 8
     with pipeline.open_source("logs", str(path), connect=False) as ctx:
         remap = ctx.tables.read_remap()
-    assert remap.upper == 201 and remap.at(150) == Frontier.of({"a.log": 8})
+    assert remap.upper == 201 and remap.at(150) == Frontier.of({A: 8})
     assert pipeline.resume("logs", str(path))["offsets"] == {}  # nothing published yet
