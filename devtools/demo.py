@@ -6,7 +6,7 @@ Four sources with four gauges of progress, each with its own Airflow DAG
 
 * ``orders``: a slow Kafka topic, 2 partitions (a local Apache Kafka broker);
 * ``clicks``: a fast Kafka topic, 3 partitions;
-* ``weblogs``: a directory of growing log files, ``(key, byte offset)``;
+* ``weblogs``: a directory of growing log files, ``(file identity, byte offset)``;
 * ``payments``: a Postgres table read by logical replication, commit LSN (a private cluster).
 
 Each round changes every source, ticks all four IntoTime clocks at one moment and runs
@@ -72,7 +72,8 @@ def change_round(bootstrap: str, logs: Path, dsn: str, round_: int, rng: random.
     clicks = [(rng.choice(USERS), f"click-{round_}-{i}", i % TOPICS["clicks"]) for i in range(40)]
     produce(bootstrap, "orders", orders)
     produce(bootstrap, "clicks", clicks)
-    visits = [f"{rng.choice(USERS)} GET /page/{i}\n" for i in range(15)]
+    # the round in each line: the two files never start with the same line (a files partition is its first line)
+    visits = [f"{rng.choice(USERS)} GET /page/{round_}/{i}\n" for i in range(15)]
     with open(logs / f"web-{round_ % 2}.log", "a") as f:  # two files growing, appended in turn
         f.writelines(visits)
     with psycopg.connect(dsn, autocommit=True) as db:
