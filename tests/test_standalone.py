@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,26 @@ spark.stop()
 @pytest.fixture(scope="module")
 def cluster():
     with LocalSparkCluster(workers=WORKERS, cores=1, memory="1g") as running:
-        groups = running.pids()  # each process leads its own group
+        root = str(running.root)
         yield running
-    for group in groups:  # nothing left: not the master, a worker, nor an executor a worker started
-        with pytest.raises(ProcessLookupError):
-            os.killpg(group, 0)
+    # Nothing left: the master, the workers, their executors and the executors' Python workers all work in root
+    # (the Python workers, in groups of their own, exit once their executor is gone).
+    deadline = time.monotonic() + 10
+    while working_in(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not working_in(root)
+
+
+def working_in(root: str) -> list[str]:
+    """The processes whose working directory is under ``root`` (Linux /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(root):
+                found.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:200])
+        except OSError:  # gone, or not ours to read
+            pass
+    return found
 
 
 def on_cluster(cluster, config: str, name: str, now: int) -> dict:
