@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 from conftest import reclocked_rows, run_cli, write_config
 
 from reclock import pipeline
@@ -108,3 +109,13 @@ def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics)
         remap = ctx.tables.read_remap()
         assert all(remap.into_time_of(p, o) == t for _, p, o, t, _ in rows)
         assert remap.frontier == ctx.source.upper()
+
+
+def test_steps_get_the_sources_files_spark_conf(kafka_broker, spark, tmp_path):
+    """A step's session carries the sources file's ``spark.conf`` (e.g. the s3a endpoint of a warehouse)."""
+    config = write_config(tmp_path, kafka_broker, {"orders": "orders-conf"})
+    document = yaml.safe_load(open(config))
+    document["spark"]["conf"] = {"spark.reclock.test.marker": "from-the-sources-file"}
+    open(config, "w").write(yaml.safe_dump(document))
+    with pipeline.open_source("orders", config, connect=False, spark=True) as ctx:
+        assert ctx.spark.conf.get("spark.reclock.test.marker") == "from-the-sources-file"

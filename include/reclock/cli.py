@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             t = parse_time(args.as_of, names, args.config)
             sql = args.sql or f"SELECT * FROM {names[0]}"
             from .spark_session import get_spark
-            spark = get_spark(load_config(args.config).spark_master, "reclock-query")
+            config = load_config(args.config)
+            spark = get_spark(config.spark_master, "reclock-query", s3=config.warehouse.startswith("s3"),
+                              conf=config.spark_conf)
             print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
             query_as_of(spark, sql, t, names, args.config).show(args.limit, truncate=False)
     except (QueryError, ValueError, RuntimeError) as e:

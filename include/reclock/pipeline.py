@@ -55,7 +55,8 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
     if spark is True:
         from .spark_session import get_spark
 
-        spark = get_spark(config.spark_master, f"reclock-{name}", s3=config.warehouse.startswith("s3"))
+        spark = get_spark(config.spark_master, f"reclock-{name}", s3=config.warehouse.startswith("s3"),
+                          conf=config.spark_conf)
     source = None if connect else source_class(source_config.kind)
     connected = source is None
     if connected:

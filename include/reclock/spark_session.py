@@ -61,23 +61,25 @@ def session_conf(s3: bool = False) -> dict[str, str]:
     }
 
 
-def _builder(app_name: str, s3: bool = False):
+def _builder(app_name: str, s3: bool = False, conf: dict | None = None):
     from pyspark.sql import SparkSession
 
     # Python workers must import reclock: run them on this interpreter unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(s3).items():
+    for key, value in {**session_conf(s3), **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder
 
 
-def get_spark(master: str | None = None, app_name: str = "reclock", s3: bool = False):
-    """A session on ``master`` (default ``$RECLOCK_SPARK_MASTER`` or ``local[2]``); ``s3``: with s3a:// jars.
+def get_spark(master: str | None = None, app_name: str = "reclock", s3: bool = False, conf: dict | None = None):
+    """A session on ``master`` (default ``$RECLOCK_SPARK_MASTER`` or ``local[2]``); ``s3``: with s3a:// jars;
+    ``conf``: the sources file's ``spark.conf`` (e.g. the s3a endpoint), over reclock's own settings.
 
-    Like every ``getOrCreate``, an existing session of this process is returned as it is.
+    Like every ``getOrCreate``, an existing session of this process is returned (runtime settings applied).
     """
-    return _builder(app_name, s3).master(master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]")).getOrCreate()
+    return (_builder(app_name, s3, conf).master(master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]"))
+            .getOrCreate())
 
 
 def submitted_spark(app_name: str = "reclock", s3: bool = False):
