@@ -456,3 +456,13 @@ def test_the_remap_check_catches_corruption_injected_into_the_table(tables, corr
     report = check_remap(tables.remap_frame(), since=4 if corruption == "before-since" else 0,
                          upstreams=tables.recorded_upstreams())
     assert report.failed == failing, report.summary()
+
+
+@pytest.mark.parametrize("left_behind", [[], [".00000000000000000000.json.1f2e.tmp"]])
+def test_a_table_creation_killed_before_its_first_commit_does_not_wedge_the_source(tmp_path, spark, left_behind):
+    log_dir = tmp_path / "w" / "s" / "remap" / "_delta_log"  # what a SIGKILL during CREATE TABLE leaves
+    log_dir.mkdir(parents=True)
+    for name in left_behind:
+        (log_dir / name).write_text("")
+    tables = Warehouse(str(tmp_path / "w")).source("s", pa.int32(), DATA, spark=spark)
+    assert tables.version("remap") == 0 and tables.read_remap() == Remap()

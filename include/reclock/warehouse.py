@@ -29,7 +29,9 @@ the reclocked table in one idempotent commit, then removes the staged files.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -47,6 +49,8 @@ from deltalake.fs import DeltaStorageHandler
 from . import offsets
 from .engine import Frontier, Increment, Remap
 from .spark_session import spark_schema
+
+log = logging.getLogger("reclock")
 
 Kind = Literal["remap", "reclocked"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")
@@ -252,8 +256,28 @@ class SourceTables:
         """Create both tables with Spark if missing; :class:`WarehouseError` if one exists with another schema."""
         for kind in KINDS:
             if self._table_or_none(kind) is None:
+                self._clear_interrupted_creation(kind)
                 create_table(self.spark, self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
         self.check_schemas()
+
+    def _clear_interrupted_creation(self, kind: Kind) -> None:
+        """Remove a ``_delta_log`` holding no commit (a creation killed before its first commit), which Delta
+        would otherwise take for a table that does not exist.  It holds no data: nothing is lost."""
+        log_dir = f"{kind}/_delta_log"
+        local = None if "://" in self.uri and not self.uri.startswith("file://") else \
+            os.path.join(self.uri.removeprefix("file://"), log_dir)
+        if local is not None:
+            names = os.listdir(local) if os.path.isdir(local) else None
+        else:  # object stores have no empty directories
+            fs = self._fs()
+            names = [e.base_name for e in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))] or None
+        if names is None or any(n.endswith(".json") and not n.startswith(".") or "checkpoint" in n for n in names):
+            return
+        log.warning("%s/%s: removing the log of a table creation that never committed: %s", self.uri, kind, names)
+        if local is not None:
+            shutil.rmtree(local)
+        else:
+            fs.delete_dir(log_dir)
 
     def check_schemas(self) -> None:
         """:class:`WarehouseError` if a table exists with another schema than this source's."""
