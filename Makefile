@@ -27,7 +27,7 @@ test-fast: setup
 	$(BIN)/pytest -m "not slow"
 
 bench: setup
-	$(BIN)/python bench/reclock_bench.py
+	$(BIN)/python -m bench.reclock_bench
 
 clean:
 	rm -rf var/demo var/bench spark-warehouse/
