@@ -11,9 +11,9 @@ writes), so it commits atomically with the rows it describes and survives overwr
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
 after a crash commits nothing twice.  Ticks and publishes are compare-and-appends
 (:func:`compare_and_append`): racing writers never count rows twice.  The remap table's properties
-record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``.  A backfill repair (:meth:`SourceTables.replace_reclocked`)
-rewrites a window of published IntoTimes in one ``replaceWhere`` overwrite without an app
-transaction, so the versions stay as they were.
+record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``.
+A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published IntoTimes
+in one ``replaceWhere`` overwrite without an app transaction, so the versions stay as they were.
 
 Reads that need no JVM use ``deltalake`` (delta-rs) as a light reader: the app-transaction
 versions (``since``, the uppers) and the remap table (small: one row per partition and tick,
@@ -151,16 +151,23 @@ def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: i
     Either way :class:`ConcurrentWriteError` is raised and nothing is committed.  A commit without rows
     (an idle tick) may land in between: it added nothing, so appending after it counts nothing twice.
     """
-    append(_guarded(df.select(*columns), uri, read_max_into_time), uri, columns, app_id, version, metadata)
+    append(_guarded(df, uri, read_max_into_time), uri, columns, app_id, version, metadata)
 
 
 def _save(writer, uri: str, app_id: str, version: int) -> None:
-    try:
+    with _conflicts_as(f"{uri}: another writer committed since this step read the table (committing "
+                       f"{app_id} = {version}); nothing written"):
         writer.save(_spark_uri(uri))
+
+
+@contextmanager
+def _conflicts_as(message: str):
+    """Raise :class:`ConcurrentWriteError` with ``message`` for a Delta conflict inside the block."""
+    try:
+        yield
     except Exception as e:
         if _concurrent(e):
-            raise ConcurrentWriteError(f"{uri}: another writer committed since this step read the table "
-                                       f"(committing {app_id} = {version}); nothing written") from None
+            raise ConcurrentWriteError(message) from None
         raise
 
 
@@ -417,13 +424,8 @@ class SourceTables:
                   IDENTITY_PROPERTY: json.dumps(record.identity, sort_keys=True),
                   GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True)}
         assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in values.items())
-        try:
+        with _conflicts_as(f"{self.uri}: another writer changed remap's properties; nothing recorded"):
             self.spark.sql(f"ALTER TABLE delta.`{self.spark_uri('remap')}` SET TBLPROPERTIES ({assignments})")
-        except Exception as e:
-            if _concurrent(e):
-                raise ConcurrentWriteError(f"{self.uri}: another writer changed remap's properties; nothing "
-                                           "recorded") from None
-            raise
 
     # --- reclocked ----------------------------------------------------------------------
 

@@ -66,22 +66,25 @@ class Source(Protocol):
         """Release connections."""
 
 
+def _optional(source: Source, method: str, fallback):
+    """``source.<method>()`` when the source has that optional method, else ``fallback()``."""
+    call = getattr(source, method, None)
+    return call() if callable(call) else fallback()
+
+
 def released_frontier(source: Source) -> Frontier:
     """Below it upstream no longer holds records: ``source.released()``, else ``source.committed()``."""
-    released = getattr(source, "released", None)
-    return released() if callable(released) else source.committed()
+    return _optional(source, "released", source.committed)
 
 
 def starting_frontier(source: Source) -> Frontier:
     """Where the source's history begins: ``source.starting_frontier()``, else ``source.committed()``."""
-    start = getattr(source, "starting_frontier", None)
-    return start() if callable(start) else source.committed()
+    return _optional(source, "starting_frontier", source.committed)
 
 
 def identity_of(source: Source) -> dict[str, str] | None:
     """The upstream's identity (``source.identity()``), None when the source has no such notion."""
-    identity = getattr(source, "identity", None)
-    return identity() if callable(identity) else None
+    return _optional(source, "identity", lambda: None)
 
 
 COMMITTED_NAME = "_reclock_committed.json"
