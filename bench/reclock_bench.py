@@ -256,7 +256,7 @@ class Bench:
         Path(self.config).write_text(yaml.safe_dump({
             "warehouse": str(workdir / "warehouse"),
             "spark": {"master": args.spark_master},
-            "sources": [{"name": name, "kind": "kafka", "retention_ms": 0,
+            "sources": [{"name": name, "kind": "kafka", "retention_ms": 1,
                          "options": {"bootstrap_servers": bootstrap, "topic": topic,
                                      "group_id": f"bench-{name}-{self.suffix}"}}
                         for name, topic in self.topics.items()],
@@ -366,7 +366,7 @@ class Bench:
     # 3. remap size ------------------------------------------------------------------------
 
     def remap_sizes(self) -> dict:
-        section("3. remap size before / after pipeline.compact (retention 0: compacts everything)")
+        section("3. remap size before / after pipeline.compact (retention 1 ms: compacts everything)")
         rows, bounded = [], True
         for name in ("ticks", "replay"):
             before = remap_size(name, self.config)

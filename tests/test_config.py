@@ -1,6 +1,7 @@
 """The sources file: parsing, env overrides and expansion, and clear validation errors."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_unknown_source_lists_known_names(tmp_path):
 
 def test_registered_kind_is_accepted(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))  # keep the registry clean for other tests
-    sources.register_source("test_files", "reclock.sources.files:FileSource", ("root",), offsets_unique=False)
+    sources.register_source("test_files", lambda root, **more: None, ("root",), offsets_unique=False)
     doc = variant(kind="test_files", options={"root": "/data"})
     assert not load_config(write(tmp_path, doc)).source("orders").offsets_unique
     with pytest.raises(ConfigError, match=r"missing required option\(s\) for kind test_files: root"):
@@ -136,7 +137,32 @@ def test_config_kinds_are_the_buildable_kinds(tmp_path):
     (variant(options={"topic": "t"}), r"\(orders\)\.options: missing required option\(s\) for kind kafka: "
                                       r"bootstrap_servers, group_id"),
     (variant(options=None), r"missing required option"),
-    (variant(retention_ms=-1), r"\(orders\)\.retention_ms: must be a non-negative integer"),
+    (variant(retention_ms=-1), r"\(orders\)\.retention_ms: must be a positive integer"),
+    (variant(retention_ms=0), r"\(orders\)\.retention_ms: must be a positive integer"),
+    (variant(options={**GOOD["sources"][0]["options"], "startng_offsets": "latest"}),
+     r"sources\[0\] \(orders\)\.options: unknown option\(s\) for kind kafka: startng_offsets "
+     r"\(did you mean starting_offsets\?\) \(allowed: bootstrap_servers, topic, group_id, "),
+    (variant(options={**GOOD["sources"][0]["options"], "timeout_s": 0}),
+     r"\(orders\)\.options\.timeout_s: must be > 0 \(seconds\), got 0$"),
+    (variant(options={**GOOD["sources"][0]["options"], "timeout_s": "fast"}),
+     r"\(orders\)\.options\.timeout_s: must be float, got 'fast'$"),
+    (variant(options={**GOOD["sources"][0]["options"], "starting_offsets": -5}),
+     r"\(orders\)\.options\.starting_offsets: must be >= 0, got -5$"),
+    (variant(options={**GOOD["sources"][0]["options"], "config": "client.id=x"}),
+     r"\(orders\)\.options\.config: must be Mapping\[str, Any\] \| None, got 'client.id=x'$"),
+    (variant(kind="postgres", options={"dsn": "host=/tmp", "slot": "s", "tables": "public.items"}),
+     r"\(orders\)\.options\.tables: must be Sequence\[str\], got 'public.items'$"),
+    (variant(kind="files", options={"url": "/data", "delete_committed": "yes"}),
+     r"\(orders\)\.options\.delete_committed: must be bool, got 'yes'$"),
+    (variant(schedule="hourly"), r"\(orders\)\.schedule: not a cron expression \(.*\) nor an Airflow preset"),
+    (variant(schedule="61 * * * *"), r"\(orders\)\.schedule: not a cron expression"),
+    (variant(retention_ms=86_400_000, vacuum_retention_hours=1),
+     r"\(orders\)\.vacuum_retention_hours: 1 h is below the AS OF window \(retention_ms 86400000 = 24 h\).*"
+     r"force_vacuum: true"),
+    (variant(vacuum_retention_hours=-1), r"\(orders\)\.vacuum_retention_hours: must be a number of hours >= 0"),
+    (variant(force_vacuum="yes"), r"\(orders\)\.force_vacuum: must be true or false, got 'yes'"),
+    ({**GOOD, "transactions": [{"name": "tx", "data_source": "orders", "tx_source": "clicks", "schedule": "@often"}]},
+     r"transactions\[0\] \(tx\)\.schedule: not a cron expression"),
     (variant(color="red"), r"sources\[0\]: unknown key\(s\) color"),
     (variant(start_date="soon"), r"start_date: must be an ISO date"),
     (variant(schedule=5), r"schedule: must be a non-empty string"),
@@ -158,3 +184,88 @@ def test_validation_errors_name_file_and_field(tmp_path, doc, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_a_local_warehouse_must_not_be_a_file(tmp_path):
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "warehouse").write_text("not a directory")
+    with pytest.raises(ConfigError, match=r": warehouse: .*var/warehouse is a file, not a directory"):
+        load_config(write(tmp_path, GOOD))
+
+
+def test_every_problem_is_reported_on_a_line_of_its_own(tmp_path):
+    doc = variant(schedule="every hour", retention_ms=0, options={"topic": "t", "group_id": "g", "startng_offsets": 1})
+    doc["sources"][1]["options"]["timeout_s"] = -1
+    doc["sources"].append({"name": "Bad", "kind": "kafka"})
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).splitlines() == e.value.problems
+    assert [line.removeprefix(f"{path}: ").split(":")[0] for line in e.value.problems] == [
+        "sources[0] (orders).options", "sources[0] (orders).options", "sources[0] (orders).retention_ms",
+        "sources[0] (orders).schedule", "sources[1] (clicks).options.timeout_s", "sources[2].name"]
+    assert "missing required option(s) for kind kafka: bootstrap_servers" in e.value.problems[0]
+    assert "startng_offsets (did you mean starting_offsets?)" in e.value.problems[1]
+
+
+@pytest.mark.parametrize("schedule, valid", [
+    (None, True), ("None", True), ("@once", True), ("@continuous", True), ("@hourly", True), ("@daily", True),
+    ("@quarterly", True), ("@midnight", True), ("*/5 * * * *", True), ("0 0 30 2 *", True), ("0 0 * * 1-5", True),
+    ("0 0 * * * 30", True), ("hourly", False), ("61 * * * *", False), ("* * *", False), ("@every 5m", False),
+    ("0 0 * * mon-xyz", False),
+])
+def test_schedules_are_what_airflow_accepts(tmp_path, schedule, valid):
+    """Null, Airflow's presets and the cron expressions its cron timetables accept (checked with Airflow)."""
+    from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
+
+    if schedule not in (None, "None", "@once", "@continuous"):
+        try:
+            CronTriggerTimetable(schedule, timezone="UTC").validate()
+            airflow_accepts = True
+        except Exception:  # noqa: BLE001 - AirflowTimetableInvalid, or croniter's own error
+            airflow_accepts = False
+        assert airflow_accepts is valid
+    path = write(tmp_path, variant(schedule=schedule))
+    if valid:
+        assert load_config(path).source("orders").schedule == (None if schedule == "None" else schedule)
+    else:
+        with pytest.raises(ConfigError, match=rf"\(orders\)\.schedule: not a cron expression .* got '{re.escape(schedule)}'"):
+            load_config(path)
+
+
+@pytest.mark.parametrize("settings, hours", [
+    ({"retention_ms": 3_600_000}, 1.0),  # default: the AS OF window
+    ({}, 1000 / 3_600_000),  # GOOD's retention_ms: 1000
+    ({"retention_ms": 7_200_000, "vacuum_retention_hours": 2}, 2.0),
+    ({"retention_ms": 7_200_000, "vacuum_retention_hours": 48}, 48.0),
+    ({"retention_ms": 7_200_000, "vacuum_retention_hours": 0, "force_vacuum": True}, 0.0),
+])
+def test_vacuum_retention_is_at_least_the_as_of_window_unless_forced(tmp_path, settings, hours):
+    assert load_config(write(tmp_path, variant(**settings))).source("orders").vacuum_retention_hours == hours
+
+
+def test_options_are_the_constructor_parameters(tmp_path, monkeypatch):
+    """A kind's options come from its constructor: a new parameter is an option, with its type and range."""
+    monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))
+
+    def make(url: str, poll_s: float = 1.0, labels: dict | None = None, any_thing=None):
+        raise AssertionError("validation never builds a source")
+
+    sources.register_source("test_kind", make, ("url",))
+    good = {"url": "/d", "poll_s": 2, "labels": {"a": 1}, "any_thing": object.__name__}
+    assert load_config(write(tmp_path, variant(kind="test_kind", options=good))).source("orders").options == good
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, variant(kind="test_kind", options={"url": "/d", "pol_s": 2, "poll_s": 0,
+                                                                       "labels": ["a"]})))
+    assert [p.split(": ", 2)[1:] for p in e.value.problems] == [
+        ["sources[0] (orders).options", "unknown option(s) for kind test_kind: pol_s (did you mean poll_s?) "
+                                        "(allowed: url, poll_s, labels, any_thing)"],
+        ["sources[0] (orders).options.labels", "must be dict | None, got ['a']"],  # YAML sorted the keys
+        ["sources[0] (orders).options.poll_s", "must be > 0 (seconds), got 0"]]
+
+
+def test_kafka_client_properties_pass_through_config(tmp_path):
+    options = {**GOOD["sources"][0]["options"], "config": {"client.id": "reclock", "security.protocol": "PLAINTEXT"},
+               "starting_offsets": 1_767_225_600_000, "timeout_s": 2.5}
+    assert load_config(write(tmp_path, variant(options=options))).source("orders").options["config"] == {
+        "client.id": "reclock", "security.protocol": "PLAINTEXT"}

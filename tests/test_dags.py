@@ -136,7 +136,7 @@ def test_spark_task(parsed):
 
 @pytest.mark.parametrize("case, message", [
     ("bad_kind", r"sources[0] (orders).kind: unknown kind 'kinesis' (known: "),
-    ("bad_cron", "source clicks: cannot build its DAG"),
+    ("bad_cron", "sources[1] (clicks).schedule: not a cron expression"),
     ("missing", "cannot read config"),
 ])
 def test_broken_config_is_an_import_error(parsed, case, message):

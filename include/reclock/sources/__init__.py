@@ -4,12 +4,14 @@ A spec is ``{"kind": <registered kind>, **constructor kwargs}``, e.g.
 ``{"kind": "kafka", "bootstrap_servers": "127.0.0.1:9092", "topic": "t", "group_id": "g"}``.
 Specs travel to Spark workers as JSON, so a worker can rebuild the source it reads from.
 Register more kinds with :func:`register_source`; the constructor is imported lazily.
-This registry is also what the sources file accepts (:mod:`reclock.config` validates ``kind``
-and the required options against it), so a kind is known to both or to neither.
+This registry is also what the sources file accepts (:mod:`reclock.config` validates ``kind``,
+the required options and, from the constructor's signature (:func:`source_options`), every
+option's name and type against it), so a kind is known to both or to neither.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -90,6 +92,15 @@ def _resolve(kind: str) -> SourceFactory:
     return factory
 
 
+def source_options(kind: str) -> dict[str, inspect.Parameter] | None:
+    """The options ``kind`` takes: its constructor's keyword parameters by name (their annotations and
+    defaults too), read from its signature; None when it takes any keyword (``**kwargs``)."""
+    parameters = inspect.signature(_resolve(kind)).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def build_source(spec: Mapping[str, Any]) -> Source:
     """Build a source from ``{"kind": ..., **kwargs}``."""
     if not isinstance(spec, Mapping) or "kind" not in spec:
@@ -104,4 +115,4 @@ def build_source(spec: Mapping[str, Any]) -> Source:
 
 
 __all__ = ["Source", "SourceError", "SourceKind", "build_source", "register_source", "source_class", "source_kind",
-           "source_kinds"]
+           "source_kinds", "source_options"]
