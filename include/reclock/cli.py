@@ -1,4 +1,11 @@
-"""``reclock`` command line: run pipeline steps, show status, query AS OF a time, backfill a window."""
+"""``reclock`` command line: run pipeline steps, show status, query AS OF a time, backfill a window.
+
+Every error is one line ``reclock: error: ...`` on stderr and exit status 2, no traceback: a bad
+argument (a time that is not ms since the epoch, an ISO datetime or ``latest``; one outside
+:data:`INTO_TIMES`; a ``--limit`` outside ``[0, 2**31)``; an unknown source name, checked before
+any work starts) as much as a refusal of the work itself.  A sources file with several problems
+gives one such line each.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,25 +20,69 @@ from .query import QueryError, common_readable, query_as_of
 from .status import status
 
 STEPS = ("tick", "stage", "check", "publish", "resume", "compact", "run")
+#: The IntoTimes a command accepts: from the epoch to the last ms of year 9999 (what an ISO datetime can name).
+INTO_TIMES = range(0, int(datetime(9999, 12, 31, 23, 59, 59, 999000, timezone.utc).timestamp() * 1000) + 1)
+MAX_LIMIT = 2**31 - 1  # Spark's show() takes a Java int
 
 
-def parse_time(text: str, names: list[str], config_path: str | None) -> int:
-    """IntoTime from milliseconds, an ISO-8601 datetime (UTC if no zone), or ``latest``."""
-    if text == "latest":
-        since, upper = common_readable(names, config_path)
-        if upper <= since:
-            raise QueryError(f"no time is readable for all of {', '.join(names)} yet")
-        return upper - 1
-    if text.lstrip("-").isdigit():
-        return int(text)
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"reclock: error: {message} (see {self.prog} --help)\n")
+
+
+def into_time(text: str) -> int:
+    """IntoTime from milliseconds since the epoch or an ISO-8601 datetime (UTC if no zone), in :data:`INTO_TIMES`."""
+    try:
+        if text.lstrip("-").isdigit():
+            t = int(text)
+        else:
+            moment = datetime.fromisoformat(text)
+            t = int((moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() * 1000)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither milliseconds since the epoch nor an ISO datetime "
+                                         f"(nor 'latest' where that is allowed)") from None
+    if t not in INTO_TIMES:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: IntoTimes are ms from 0 (1970-01-01T00:00:00Z) "
+                                         f"to {INTO_TIMES[-1]} (9999-12-31T23:59:59.999Z)")
+    return t
+
+
+def time_or_latest(text: str) -> int | str:
+    return text if text == "latest" else into_time(text)
+
+
+def limit(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_LIMIT}, got {text!r}")
+    return n
+
+
+def parse_time(t: int | str, names: list[str], config_path: str | None) -> int:
+    """An :func:`into_time`, or for ``latest`` the last IntoTime readable for all of ``names``."""
+    if t != "latest":
+        return t
+    since, upper = common_readable(names, config_path)
+    if upper <= since:
+        raise QueryError(f"no time is readable for all of {', '.join(names)} yet")
+    return upper - 1
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Refuse unknown source names before any work starts (ConfigError names the known ones)."""
+    config = load_config(args.config)
+    for name in ([args.source] if isinstance(getattr(args, "source", None), str) else getattr(args, "source", None)
+                 or []):
+        config.source(name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="reclock", description=__doc__)
+    parser = _Parser(prog="reclock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="sources config (default: $RECLOCK_CONFIG or include/sources.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
     for step in STEPS:
@@ -40,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                    "(retention): record the gap with remap").add_argument("source")
     sub.add_parser("status", help="frontiers, uppers and lag of every source")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
-    q.add_argument("--as-of", required=True, help="ms since epoch, ISO datetime, or 'latest'")
+    q.add_argument("--as-of", required=True, type=time_or_latest, help="ms since epoch, ISO datetime, or 'latest'")
     q.add_argument("--sql", help="Spark SQL over the sources' views (default: SELECT * FROM the one source)")
     q.add_argument("--source", action="append", help="source(s) to expose (default: all configured)")
-    q.add_argument("--limit", type=int, default=50)
+    q.add_argument("--limit", type=limit, default=50, help="rows to show (default 50)")
     k = sub.add_parser("sink-cdcv2", help="write a source's reclocked collection as CDC v2 (new intervals only)")
     k.add_argument("source")
     k.add_argument("--to", required=True, help="kafka://host:port/topic or a directory URL (file:///dir, s3://...)")
@@ -52,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("backfill", help="replay published IntoTimes [--from, --to] from remap and the upstream "
                        "and compare them with the published rows (--repair: rewrite them if they differ)")
     b.add_argument("source")
-    b.add_argument("--from", dest="start", required=True, help="first IntoTime: ms since epoch or ISO datetime")
-    b.add_argument("--to", dest="end", required=True, help="last IntoTime (inclusive): ms since epoch or ISO datetime")
+    b.add_argument("--from", dest="start", required=True, type=into_time,
+                   help="first IntoTime: ms since epoch or ISO datetime")
+    b.add_argument("--to", dest="end", required=True, type=into_time,
+                   help="last IntoTime (inclusive): ms since epoch or ISO datetime")
     b.add_argument("--repair", action="store_true", help="replace the window's published rows by the replay")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
+        _check_names(args)
         if args.command in STEPS:
             step = pipeline.run_once if args.command == "run" else getattr(pipeline, args.command)
             print(json.dumps(step(args.source, args.config), indent=2, default=str))
@@ -72,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(publish_transactions(txn.name, txn.data_source, txn.tx_source, args.config), indent=2))
         elif args.command == "backfill":
             from .backfill import replay
-            start, end = (parse_time(t, [args.source], args.config) for t in (args.start, args.end))
+            start, end = args.start, args.end
             mode = "repair" if args.repair else "verify"
             print(json.dumps(replay(args.source, args.config, start, end, mode=mode), indent=2))
         elif args.command == "status":
@@ -88,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
             query_as_of(spark, sql, t, names, args.config).show(args.limit, truncate=False)
     except (QueryError, ValueError, RuntimeError) as e:
-        print(f"reclock: error: {e}", file=sys.stderr)
+        for line in getattr(e, "problems", None) or [str(e)]:
+            print(f"reclock: error: {line}", file=sys.stderr)
         return 2
     return 0
 
