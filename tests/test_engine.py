@@ -227,7 +227,7 @@ def test_compactions_compose(case, s1, s2):
     ({0: 5}, {}, {0: 7}, {0: 2}, {"id": "a"}, {"id": "a"}, []),  # the same stream, moved on
     ({}, {0: 50}, {0: 60}, {0: 50}, {"id": "a"}, {"id": "a"}, []),  # the first tick of a log starting at 50
     ({0: 60}, {0: 50}, {0: 60}, {0: 55}, None, None, []),  # retention inside what is bound: staging's matter
-    ({0: 5}, {}, {0: 7}, {}, {"id": "a"}, {"id": "b"}, ["id was 'a' when remap began, now 'b'"]),
+    ({0: 5}, {}, {0: 7}, {}, {"id": "a"}, {"id": "b"}, ["id was 'a' when remap's epoch began, now 'b'"]),
     ({0: 5}, {}, {0: 7}, {}, {"id": "a"}, None, []),  # nothing to compare with
     ({0: 5}, {}, {0: 4}, {}, None, None, ["partition 0: upstream upper 4 is below the bound offset 5"]),
     ({0: 5, 1: 3}, {}, {0: 7}, {}, None, None,
@@ -258,3 +258,77 @@ def test_past_gaps_moves_the_start_past_lost_offsets():
     start = upstream.past_gaps(Frontier.of({1: 2}), lost)
     assert start == Frontier.of({0: 8, 1: 2, 2: 3})
     assert upstream.lost_ranges(Frontier.of({0: 5, 1: 9}), start, Frontier.of({0: 8, 1: 4, 2: 3})) == []
+
+
+# --- epochs: a replaced upstream's offsets shifted by the offset base (engine/upstream.py) --------
+
+@pytest.mark.parametrize("upstream_upper, base, gauge, committed", [
+    ({0: 7}, {}, {0: 7}, {0: 7}),  # no epoch: the upstream's own offsets
+    ({0: 20}, {0: 30}, {0: 50}, {0: 20}),  # g = b + u, and back
+    ({}, {0: 30}, {0: 30}, {}),  # an empty new topic stands at the base; nothing to commit upstream
+    ({0: 5}, {0: 30, 1: 3}, {0: 35, 1: 3}, {0: 5}),  # a partition the new topic lacks stays at its base
+    ({0: 5, 2: 4}, {0: 30}, {0: 35, 2: 4}, {0: 5, 2: 4}),  # a partition new in it starts at 0
+])
+def test_epoch_frontiers(upstream_upper, base, gauge, committed):
+    assert upstream.to_gauge(Frontier.of(upstream_upper), Frontier.of(base)) == Frontier.of(gauge)
+    assert upstream.to_upstream(Frontier.of(gauge), Frontier.of(base)) == Frontier.of(committed)
+
+
+def test_to_upstream_commits_nothing_of_an_earlier_epoch():
+    assert upstream.to_upstream(Frontier.of({0: 12, 1: 9}), Frontier.of({0: 30, 1: 3})) == Frontier.of({1: 6})
+
+
+@pytest.mark.parametrize("base, ranges, read, problems", [
+    ({}, [(1, 0, 0, 5)], [(1, 0, 0, 5)], []),
+    ({0: 30}, [(5, 0, 30, 42), (6, 0, 42, 50)], [(5, 0, 0, 12), (6, 0, 12, 20)], []),
+    ({0: 30, 1: 3}, [(5, 1, 3, 4)], [(5, 1, 0, 1)], []),
+    ({0: 30}, [(2, 0, 25, 35)], None,
+     ["partition 0: offsets [25, 35) (IntoTime 2) are below the epoch's offset base 30: an earlier upstream's "
+      "records, not the current one's"]),
+    ({0: 30}, [(2, 0, 20, 20), (3, 0, 30, 30)], [], []),  # empty ranges read nothing
+])
+def test_ranges_read_from_the_current_upstream(base, ranges, read, problems):
+    gauge = [Range(*r) for r in ranges]
+    assert upstream.earlier_epoch_problems(gauge, Frontier.of(base)) == problems
+    if read is not None:
+        assert upstream.upstream_ranges(gauge, Frontier.of(base)) == [Range(*r) for r in read]
+
+
+@pytest.mark.parametrize("bound, upper, released, same, lost_below", [
+    ({0: 30}, {0: 35}, {0: 10}, True, {0: 10}),  # the same stream: what it released
+    ({0: 30, 1: 5}, {0: 2}, {}, False, {0: 30, 1: 5}),  # replaced: none of what was bound
+    ({0: 30, 1: 5}, {0: 40, 1: 2}, {0: 10}, True, {0: 10, 1: 5}),  # partition 1 ends below what was bound
+])
+def test_released_by(bound, upper, released, same, lost_below):
+    assert upstream.released_by(Frontier.of(bound), Frontier.of(upper), Frontier.of(released), same) == \
+        Frontier.of(lost_below)
+
+
+@pytest.mark.parametrize("recorded, identity, bound, upper, problems", [
+    ({"id": "a"}, {"id": "b"}, {0: 30}, {0: 40}, ["id was 'a' when remap's epoch began, now 'b'"]),
+    ({"id": "a"}, {"id": "a"}, {0: 30}, {0: 3}, []),  # the same topic, truncated: not another stream
+    (None, None, {0: 30}, {0: 3}, ["partition 0: upstream upper 3 is below the bound offset 30"]),
+    (None, None, {0: 30}, {0: 31}, []),
+])
+def test_replacement_problems(recorded, identity, bound, upper, problems):
+    assert upstream.replacement_problems(recorded, identity, Frontier.of(bound), Frontier.of(upper)) == problems
+
+
+@pytest.mark.parametrize("unpublished, start, problems", [
+    ([], {}, []),
+    ([(2, 0, 30, 35)], {0: 35}, []),  # accepted as lost: the start moved past them
+    ([(2, 0, 30, 35), (3, 1, 0, 2)], {0: 35}, ["partition 1: offsets [0, 2) bound at IntoTime 3 are not published"]),
+])
+def test_new_epoch_problems(unpublished, start, problems):
+    assert upstream.new_epoch_problems([Range(*r) for r in unpublished], Frontier.of(start)) == problems
+
+
+@pytest.mark.parametrize("start, since, began_at, replays", [
+    (0, 0, 0, True),  # no epoch: anything from since
+    (2_000, 0, 2_000, True),
+    (1_999, 0, 2_000, False),  # an earlier epoch's window
+    (3_000, 3_000, 2_000, False),  # the binding at since folds every epoch
+    (3_001, 3_000, 2_000, True),
+])
+def test_replay_problem(start, since, began_at, replays):
+    assert (upstream.replay_problem(start, since, began_at) is None) == replays

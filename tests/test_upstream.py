@@ -1,18 +1,21 @@
-"""Kafka topic lifecycle against what remap bound (issue 11): recreated and shrunk topics are refused, a
-source starts where ``starting_offsets`` says (never where a reused consumer group stands), and records
-lost to retention stop the source until ``accept-lost`` records the gap.  Real broker, Spark and Delta."""
+"""Kafka topic lifecycle against what remap bound (issue 11): recreated and shrunk topics are refused until
+``new-epoch`` starts the source over on them (what was published stays as it was), a source starts where
+``starting_offsets`` says (never where a reused consumer group stands), and records lost to retention stop
+the source until ``accept-lost`` records the gap.  Real broker, Spark and Delta."""
 from __future__ import annotations
 
 import time
 
 import pytest
-from conftest import reclocked_rows, write_config
+from conftest import reclocked_rows, run_cli, write_config
 
 from devtools.kafka_broker import delete_records, produce, recreate_topic
 from reclock import pipeline
-from reclock.backfill import replay
+from reclock.backfill import BackfillError, replay
 from reclock.clock import now_ms
 from reclock.engine import Frontier
+from reclock.query import query_as_of
+from reclock.status import status
 from reclock.sources.base import SourceError
 from reclock.sources.kafka import KafkaSource
 
@@ -47,8 +50,8 @@ def test_a_recreated_topic_is_refused(kafka_broker, spark, topic, tmp_path):
     pipeline.run_once("events", config, spark, now=1_000)
     recreate_topic(kafka_broker, topic, partitions=1)
     produce(kafka_broker, topic, values(8))  # the new topic grows past the old offsets
-    with pytest.raises(SourceError, match=r"events .*kafka\.topic_id was '.+' when remap began, now '.+'.*nothing "
-                                          r"written.*new source"):
+    with pytest.raises(SourceError, match=r"events .*kafka\.topic_id was '.+' when remap's epoch began, now '.+'.*"
+                                          r"nothing written.*reclock new-epoch"):
         pipeline.tick("events", config, now=2_000, spark=spark)
     assert upper(config) == 1_001 and offsets(config) == [0, 1, 2, 3, 4]
 
@@ -125,3 +128,97 @@ def test_retention_overtaking_bound_records_stops_until_the_gap_is_accepted(kafk
     with pipeline.open_source("events", config, connect=False) as ctx:
         assert ctx.tables.upstream_record().gaps == lost  # the gap stays on record with remap
     assert pipeline.accept_lost("events", config, spark)["lost"] == []
+
+
+# --- new epochs ---------------------------------------------------------------------------------------
+
+
+def topic_id(kafka_broker, topic) -> str:
+    with KafkaSource(kafka_broker, topic, group_id="identity") as source:
+        return source.identity()["kafka.topic_id"]
+
+
+def as_of(spark, config, t: int) -> list[str]:
+    return sorted(r.value for r in query_as_of(spark, "SELECT value FROM events", t, ["events"], config).collect())
+
+
+def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, spark, kafka_topic, tmp_path):
+    """Recreated twice, the second time with fewer partitions: each time the tick refuses, naming both topic IDs,
+    until ``reclock new-epoch``; then the new topic's records are bound at later IntoTimes, once each."""
+    topic = kafka_topic(partitions=2, prefix="epoch")
+    config = config_for(tmp_path, kafka_broker, topic)
+    old = values(15) + values(15, first=15, partition=1)
+    produce(kafka_broker, topic, old)
+    pipeline.run_once("events", config, spark, now=1_000)
+    first_id = topic_id(kafka_broker, topic)
+
+    recreate_topic(kafka_broker, topic, partitions=2)
+    second_id = topic_id(kafka_broker, topic)
+    new = values(12, first=100) + values(8, first=112, partition=1)
+    produce(kafka_broker, topic, new)
+    with pytest.raises(SourceError, match=f"kafka.topic_id was '{first_id}' when remap's epoch began, now "
+                                          f"'{second_id}'.*reclock new-epoch"):
+        pipeline.tick("events", config, now=2_000, spark=spark)
+    cli = run_cli(config, "new-epoch", "events")
+    output = cli.communicate(timeout=300)[0].decode()
+    assert cli.returncode == 0 and f'"kafka.topic_id": "{second_id}"' in output, output[-3000:]
+    pipeline.run_once("events", config, spark, now=2_000)
+
+    assert as_of(spark, config, 1_000) == sorted(v for _, v, _ in old)
+    assert as_of(spark, config, 2_000) == sorted(v for _, v, _ in old + new)
+    # one gauge: the new topic's offsets follow the old ones (base {0: 15, 1: 15}), each once
+    assert sorted((r[1], r[2]) for r in reclocked_rows("events", config)) == \
+        [(0, o) for o in range(27)] + [(1, o) for o in range(23)]
+    (row,) = status(config)
+    assert (row["bound_frontier"], row["upstream_frontier"], row["lag_offsets"]) == ({"0": 27, "1": 23},) * 2 + (0,)
+    assert pipeline.resume("events", config)["upstream_offsets"] == {"0": 12, "1": 8}
+    with KafkaSource(kafka_broker, topic, group_id=f"g-{topic}") as group:  # the new topic's own offsets
+        assert group.committed() == Frontier.of({0: 12, 1: 8})
+
+    recreate_topic(kafka_broker, topic, partitions=1)  # fewer partitions this time
+    third_id = topic_id(kafka_broker, topic)
+    newer = values(7, first=200)
+    produce(kafka_broker, topic, newer)
+    with pytest.raises(SourceError, match=f"'{second_id}' when remap's epoch began, now '{third_id}'.*partition 1: "
+                                          r"upstream upper 15 is below the bound offset 23"):  # in the gauge: base 15 + 0
+        pipeline.tick("events", config, now=3_000, spark=spark)
+    epoch = pipeline.new_epoch("events", config, spark)
+    assert (epoch["epoch"], epoch["began_at"], epoch["base"]) == (2, 2_001, {"0": 27, "1": 23})
+    pipeline.run_once("events", config, spark, now=3_000)
+
+    assert as_of(spark, config, 1_000) == sorted(v for _, v, _ in old)
+    assert as_of(spark, config, 2_000) == sorted(v for _, v, _ in old + new)
+    assert as_of(spark, config, 3_000) == sorted(v for _, v, _ in old + new + newer)
+    assert status(config)[0]["lag_offsets"] == 0
+    # a backfill replays the current epoch's windows, and refuses earlier epochs' (their topics are gone)
+    assert replay("events", config, 3_000, 3_000, spark=spark)["replayed"]["rows"] == 7
+    with pytest.raises(BackfillError, match="earlier epoch"):
+        replay("events", config, 2_000, 2_000, spark=spark)
+    with pytest.raises(SourceError, match="still the stream remap has bound"):
+        pipeline.new_epoch("events", config, spark)
+
+
+def test_records_bound_before_the_topic_was_recreated_are_accepted_lost_first(kafka_broker, spark, topic, tmp_path):
+    """Bound but unpublished when the topic went: staging and new-epoch refuse (the new topic must not serve
+    them) until accept-lost records them as lost."""
+    config = config_for(tmp_path, kafka_broker, topic)
+    produce(kafka_broker, topic, values(4))
+    pipeline.run_once("events", config, spark, now=1_000)
+    produce(kafka_broker, topic, values(3, first=4))
+    pipeline.tick("events", config, now=2_000, spark=spark)  # binds 4..6, not yet published
+    recreate_topic(kafka_broker, topic, partitions=1)
+    produce(kafka_broker, topic, values(9, first=100))  # offsets 0..8 of the new topic: other records
+    with pytest.raises(SourceError, match="bindings 1001..2000 need records of the upstream they were bound from, "
+                                          "which was replaced"):
+        pipeline.stage("events", config, spark)
+    with pytest.raises(SourceError, match=r"partition 0: offsets \[4, 7\) bound at IntoTime 2000 are not published.*"
+                                          "accept-lost"):
+        pipeline.new_epoch("events", config, spark)
+
+    lost = pipeline.accept_lost("events", config, spark)["lost"]
+    assert [(g["partition"], g["start"], g["end"], g["bound_at"]) for g in lost] == [(0, 4, 7, [2_000, 2_000])]
+    assert pipeline.new_epoch("events", config, spark)["base"] == {"0": 7}
+    pipeline.run_once("events", config, spark, now=3_000)
+    assert as_of(spark, config, 2_000) == [f"v{i}" for i in range(4)]
+    assert as_of(spark, config, 3_000) == sorted([f"v{i}" for i in range(4)] + [f"v{i}" for i in range(100, 109)])
+    assert offsets(config) == [0, 1, 2, 3] + list(range(7, 16))

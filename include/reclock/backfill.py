@@ -33,6 +33,9 @@ naming the source and the window, before anything is read or written):
   ``released()`` when it has one (Kafka: log start offsets, since a group commit deletes
   nothing; files: the committed frontier only with ``delete_committed``), else its
   ``committed()`` (a Postgres slot's confirmed LSN).
+* **from the upstream they were bound from**: none while the upstream's identity differs from the
+  recorded one (a recreated topic's records at those offsets are other records); after ``reclock
+  new-epoch``, only windows of the current epoch (:func:`reclock.engine.upstream.replay_problem`).
 
 Limits: a compaction that advances ``since`` while a replay runs makes it fail (retry it);
 run repairs while the source's DAG is not compacting (a compaction committed between the last
@@ -47,10 +50,10 @@ import logging
 from dataclasses import dataclass
 
 from .engine import Frontier, Range, Remap
-from .engine.upstream import clip_ranges
+from .engine.upstream import clip_ranges, identity_problems, replay_problem
 from .pipeline import SourceContext, open_source
-from .sources.base import released_frontier
-from .warehouse import RECLOCKED_APP, _app_version
+from .sources.base import identity_of, released_frontier
+from .warehouse import RECLOCKED_APP, UpstreamRecord, _app_version
 
 log = logging.getLogger("reclock")
 
@@ -103,9 +106,14 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
     if end >= published_upper:
         last = f"the last published IntoTime is {published_upper - 1}" if published_upper else "nothing is published"
         raise BackfillError(f"{where}: not published yet ({last}, reclocked upper {published_upper})")
-    record = ctx.tables.upstream_record()  # the history begins at the recorded start frontier
-    ranges = clip_ranges([r for r in remap.ranges(start) if r.into_time <= end and r.start < r.end],
-                         record.start if record else Frontier())
+    record = ctx.tables.upstream_record() or UpstreamRecord(Frontier(), None)  # history begins at its start
+    if problem := replay_problem(start, remap.since, record.began_at):  # after a new epoch
+        raise BackfillError(f"{where}: {problem}")
+    ctx.base = record.base
+    ranges = clip_ranges([r for r in remap.ranges(start) if r.into_time <= end and r.start < r.end], record.start)
+    if ranges and (other := identity_problems(record.identity, identity_of(ctx.source))):
+        raise BackfillError(f"{where}: the upstream its records were bound from was replaced: {'; '.join(other)} "
+                            "(reclock new-epoch starts the source over on the new one)")
     if ranges:
         released = released_frontier(ctx.source)
         needed: dict = {}
@@ -177,7 +185,7 @@ def _replayed(spark, ctx: SourceContext, window: Window, schema):
 
     if not window.ranges:
         return spark.createDataFrame([], schema)
-    return read_ranges(spark, ctx.spec, window.ranges)
+    return read_ranges(spark, ctx.spec, window.ranges, ctx.base)
 
 
 def _published(spark, ctx: SourceContext, window: Window):

@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(step, help=f"run the {step} step for a source").add_argument("source")
     sub.add_parser("accept-lost", help="go on without records the upstream released before they were read "
                    "(retention): record the gap with remap").add_argument("source")
+    sub.add_parser("new-epoch", help="start the source over on a replaced upstream (a recreated topic) as a new "
+                   "epoch, keeping what was published").add_argument("source")
     sub.add_parser("status", help="frontiers, uppers and lag of every source")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
     q.add_argument("--as-of", required=True, type=time_or_latest, help="ms since epoch, ISO datetime, or 'latest'")
@@ -115,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STEPS:
             step = pipeline.run_once if args.command == "run" else getattr(pipeline, args.command)
             print(json.dumps(step(args.source, args.config), indent=2, default=str))
-        elif args.command == "accept-lost":
-            print(json.dumps(pipeline.accept_lost(args.source, args.config), indent=2))
+        elif args.command in ("accept-lost", "new-epoch"):
+            print(json.dumps(getattr(pipeline, args.command.replace("-", "_"))(args.source, args.config), indent=2))
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
             print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))

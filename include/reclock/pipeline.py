@@ -15,10 +15,12 @@ from typing import Any, Iterator
 from .clock import now_ms
 from .config import SourceConfig, load_config
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
-from .engine.upstream import clip_ranges, lost_problems, lost_ranges, past_gaps, tick_problems
+from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
+                              released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
 from .offsets import offset_type_of
 from .sources import build_source, source_class
 from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
+from .sources.epoch import in_epoch
 from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse
 
 log = logging.getLogger("reclock")
@@ -27,11 +29,17 @@ log = logging.getLogger("reclock")
 @dataclass
 class SourceContext:
     config: SourceConfig
-    source: Source
+    upstream: Source  # as built from the config, in its own offsets
     tables: SourceTables
     spark_master: str
     spark_conf: dict
     spark: Any = None
+    base: Frontier = Frontier()  # the current epoch's offset base (reclock.engine.upstream)
+
+    @property
+    def source(self) -> Source:
+        """The upstream in the source's gauge: its offsets shifted by the epoch's offset base, if any."""
+        return in_epoch(self.upstream, self.base)
 
     @property
     def spec(self) -> dict:
@@ -48,7 +56,8 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
     schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema``,
     ``offset_type`` and ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
     ``spark``: a Spark session, or True to get the configured one; steps that write Delta tables need it,
-    the others read with the light reader and start no JVM.
+    the others read with the light reader and start no JVM.  A connected source is seen in its gauge
+    (``ctx.source``): after a new epoch, shifted by the epoch's offset base.
     """
     config = load_config(config_path)
     source_config = config.source(name)
@@ -64,7 +73,9 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
     try:
         tables = Warehouse(config.warehouse, config.storage_options).source(
             name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
-        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark)
+        record = tables.upstream_record() if connected else None
+        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
+                            record.base if record else Frontier())
     finally:
         if connected:
             source.close()
@@ -93,6 +104,7 @@ def tick(name: str, config_path: str | None = None, now: int | None = None, spar
 def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     remap = ctx.tables.read_remap()
     record = _upstream_record(name, ctx, remap)
+    ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
     frontier = ctx.source.upper()
     problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
                              record.identity, identity_of(ctx.source))
@@ -106,14 +118,18 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
             log.warning("%s: the wall clock %d is behind the remap upper %d (a clock stepped back, or a skewed "
                         "worker): binding at %d", name, wall_clock, remap.upper, now)
     after = remap.mint(now, frontier)  # RemapError: an explicit time went backwards; nothing written
+    if ctx.tables.upstream_record() != record:  # e.g. a new epoch began since: read it again (a commit of it
+        # landing while this one runs is a Delta conflict, ConcurrentWriteError too)
+        raise ConcurrentWriteError(f"{name}: remap's upstream record changed since the tick read it; nothing written")
     written = ctx.tables.append_binding(remap, after, upstream=frontier)
     moved = sum(frontier.increments_from(remap.frontier).values())
     log.info("%s: tick at %d binds %s (+%d offsets)", name, now, frontier, moved)
     return {"into_time": now, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
 
 
-UPSTREAM_HELP = ("If the upstream was recreated or reset, its records are another stream: configure it as a new "
-                 "source (a new name starts a new remap); if records were lost upstream, `reclock accept-lost "
+UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 0 again), `reclock new-epoch <source>` "
+                 "starts the source over on it as a new epoch, keeping what was published (or configure it as a new "
+                 "source: a new name starts a new remap); if records were lost upstream, `reclock accept-lost "
                  "<source>` records the gap and goes on without them (README: When the upstream changes).")
 
 
@@ -132,11 +148,15 @@ def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRec
 def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
     """Go on without the records the upstream released before reclock read them: the start frontier moves
     past them (:func:`reclock.engine.upstream.past_gaps`) and the gap is recorded with remap, with the
-    IntoTimes the lost offsets were bound at (None: never bound)."""
+    IntoTimes the lost offsets were bound at (None: never bound).  A replaced upstream (another identity, a
+    partition ending below what was bound) serves none of the bound records it replaced
+    (:func:`reclock.engine.upstream.released_by`): the unpublished ones are lost, before a new epoch."""
     with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
         record = _upstream_record(name, ctx, remap)
-        lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released_frontier(ctx.source))
+        same = not identity_problems(record.identity, identity_of(ctx.source))
+        released = released_by(remap.frontier, ctx.source.upper(), released_frontier(ctx.source), same)
+        lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released)
         gaps = [{"partition": r.partition, "start": r.start, "end": r.end, "recorded_at": now_ms(),
                  "bound_at": [remap.into_time_of(r.partition, r.start), remap.into_time_of(r.partition, r.end - 1)]}
                 for r in lost]
@@ -144,6 +164,59 @@ def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
             ctx.tables.record_upstream(record._replace(start=past_gaps(record.start, lost), gaps=record.gaps + gaps))
             log.warning("%s: going on without records lost upstream: %s", name, gaps)
         return {"lost": gaps}
+
+
+def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
+    """Start the source over on its current upstream as a new epoch, keeping what was published.
+
+    For an upstream that replaced the one remap bound (a Kafka topic deleted and recreated: another
+    topic ID, offsets from 0 again, perhaps fewer partitions).  Its offsets are shifted by an offset base,
+    remap's frontier now (:mod:`reclock.engine.upstream`, "Epochs"): remap stays monotone, the published
+    rows and every query AS OF an earlier IntoTime stay as they are, and the ticks from now on bind the new
+    upstream's records from its start (Kafka: ``starting_offsets``) at later IntoTimes.  One commit of
+    remap's properties: the new start and identity, and the epoch appended to ``reclock.epochs``.
+
+    Refused, writing nothing (:class:`SourceError`): before the first binding; when the upstream is still
+    the stream remap bound (its identity did not change; without one, no partition ends below what was
+    bound); for offsets stored as strings; and while bound records are not published: only the replaced
+    upstream could serve them, so publish them first if it still does, or record them as lost with
+    ``reclock accept-lost`` (an upstream with another identity serves none of them).
+    """
+    from . import offsets
+
+    with open_source(name, config_path, spark=spark or True) as ctx:
+        remap = ctx.tables.read_remap()
+        record = ctx.tables.upstream_record()
+        where = f"{name} ({ctx.upstream!r}): no new epoch begun, nothing written"
+        if record is None or not remap.bindings:
+            raise SourceError(f"{where}: nothing is bound yet (its first tick starts it on the current upstream)")
+        if ctx.tables.offset_type != offsets.INT64:
+            raise SourceError(f"{where}: its offsets are stored as {ctx.tables.offset_type}; epochs shift int64 "
+                              "offsets only (configure the new upstream as a new source)")
+        identity = identity_of(ctx.upstream)
+        replaced = replacement_problems(record.identity, identity, remap.frontier, ctx.source.upper())
+        if not replaced:
+            raise SourceError(f"{where}: the upstream is still the stream remap has bound (same identity "
+                              f"{identity}); ticks go on binding it ({UPSTREAM_HELP})")
+        published = ctx.tables.reclocked_upper()
+        if unread := new_epoch_problems(remap.ranges(published), record.start):
+            raise SourceError(
+                f"{where}: {'; '.join(unread)}, and only the replaced upstream could serve them. Publish them first "
+                f"if it still does (reclock stage, check, publish), or `reclock accept-lost {name}` records them "
+                "as lost and goes on without them")
+        base = remap.frontier
+        start = to_gauge(starting_frontier(ctx.upstream), base)
+        epoch = {"began_at": remap.upper, "base": [list(pair) for pair in base], "identity": identity,
+                 "start": [list(pair) for pair in start], "recorded_at": now_ms(),
+                 "replaced": {"identity": record.identity, "start": [list(pair) for pair in record.start],
+                              "why": replaced}}
+        if ctx.tables.remap_upper() != remap.upper:  # a tick committed since remap was read: look again
+            raise ConcurrentWriteError(f"{where}: a tick committed to remap meanwhile; run it again")
+        ctx.tables.record_upstream(record._replace(start=start, identity=identity, epochs=record.epochs + [epoch]))
+        log.warning("%s: epoch %d begins at IntoTime %d on %s: offset base %s, history from %s (was %s)", name,
+                    len(record.epochs) + 1, remap.upper, identity, base, start, record.identity)
+        return {"epoch": len(record.epochs) + 1, "began_at": remap.upper, "base": base.as_json(),
+                "start": start.as_json(), "identity": identity, "replaced": record.identity}
 
 
 def _published_frontier(remap: Remap, tables: SourceTables) -> Frontier:
@@ -168,16 +241,19 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
         if window is None:
             return {"staged_rows": 0, "upto": remap.upper - 1}
         start, upto = window
-        record = ctx.tables.upstream_record()
-        begins = record.start if record else Frontier()
+        record = ctx.tables.upstream_record() or UpstreamRecord(Frontier(), None)
+        begins, ctx.base = record.start, record.base
         if lost := lost_problems(_published_frontier(remap, ctx.tables), begins, released_frontier(ctx.source)):
             raise SourceError(f"{name}: bindings {start}..{upto} need records the upstream no longer holds (retention "
                               "overtook them before they were published): " + "; ".join(lost)
                               + f"; nothing staged. {UPSTREAM_HELP}")
         ranges = clip_ranges(remap.ranges(start), begins)
+        if ranges and (other := identity_problems(record.identity, identity_of(ctx.source))):
+            raise SourceError(f"{name}: bindings {start}..{upto} need records of the upstream they were bound from, "
+                              "which was replaced: " + "; ".join(other) + f"; nothing staged. {UPSTREAM_HELP}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
         try:
-            rows = ctx.tables.stage(read_ranges(ctx.spark, ctx.spec, ranges), upto)
+            rows = ctx.tables.stage(read_ranges(ctx.spark, ctx.spec, ranges, ctx.base), upto)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -223,8 +299,9 @@ def resume(name: str, config_path: str | None = None) -> dict:
         committed = ctx.source.committed()
         if not committed.less_equal(offsets):
             offsets = offsets.join(committed)  # never move an upstream commit backwards
-        ctx.source.commit(offsets)
-        return {"resume_at": resume_at, "offsets": offsets.as_json()}
+        ctx.source.commit(offsets)  # after a new epoch: the upstream's own offsets, offsets - base
+        return {"resume_at": resume_at, "offsets": offsets.as_json(),
+                "upstream_offsets": to_upstream(offsets, ctx.base).as_json()}
 
 
 def compact(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from . import check_log
 from .config import Config, ConfigError, load_config
 from .engine import Frontier
+from .engine.upstream import to_gauge
 from .sources import build_source
 from .clock import now_ms
 from .warehouse import SourceTables, Warehouse
@@ -50,12 +51,14 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         "upstream_frontier": None, "upstream_error": None, "lag_offsets": None, "lag_by_partition": {},
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
     }
-    bound = Frontier()
+    bound = base = Frontier()
     try:
         tables = read_only_tables(uri, config.storage_options)
         if tables is not None:
             remap = tables.read_remap()
             bound = remap.frontier
+            record = tables.upstream_record()
+            base = record.base if record else base  # the upstream's offsets in the gauge (after a new epoch)
             reclocked_upper = tables.reclocked_upper()
             first = remap.bindings[0].into_time if remap.bindings else remap.upper
             row.update(
@@ -73,7 +76,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         try:
             source = build_source({"kind": source_config.kind, **source_config.options})
             try:
-                upper = source.upper()
+                upper = to_gauge(source.upper(), base)
             finally:
                 source.close()
             lag = upper.ahead_of(bound)

@@ -43,6 +43,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from . import offsets
+from .engine import Frontier, Range
+from .engine.upstream import earlier_epoch_problems, upstream_ranges
 from .sources import build_source
 from .sources.base import SourceError
 from .spark_session import spark_schema
@@ -238,23 +240,44 @@ def register(spark) -> None:
     spark.dataSource.register(ReclockDataSource)
 
 
-def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]]):
+def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]], base: Frontier | None = None):
     """DataFrame of every record of ``ranges`` (``[into_time, partition, start, end]``) of the source ``spec``.
 
     Columns: the source's data columns, ``partition``, ``offset``, ``into_time``, ``diff``.
     Empty ranges yield no rows; an unreadable range fails with the source's error (on the driver, or
     as the Spark job's failure).  Read by the source's ``spark_read`` when it has one and does not
     decline, else by the "reclock" Python data source (:func:`read_ranges_python`).
+
+    ``base``: the offset base of the source's current epoch (:mod:`reclock.engine.upstream`): the ranges
+    are gauge offsets, read upstream at ``offset - base`` and returned with their gauge offsets; a range
+    below the base (an earlier epoch's records) is a :class:`SourceError` before anything is read.
     """
     spec = dict(spec)
     ranges = normalize_ranges(ranges)
+    shifted = base is not None and bool(base.partitions)
+    if shifted:
+        gauge = [Range(*r) for r in ranges]
+        if problems := earlier_epoch_problems(gauge, base):
+            raise SourceError(f"cannot read from the current upstream: {'; '.join(problems)}")
+        ranges = [tuple(r) for r in upstream_ranges(gauge, base)]
     source = build_source(spec)  # validates the spec on the driver
     try:
         native = getattr(source, "spark_read", None)
         df = native(spark, ranges) if native is not None else None
     finally:
         source.close()
-    return df if df is not None else read_ranges_python(spark, spec, ranges)
+    df = df if df is not None else read_ranges_python(spark, spec, ranges)
+    return _shifted(df, base) if shifted else df
+
+
+def _shifted(df, base: Frontier):
+    """``df`` with ``base[partition]`` added to each row's offset (upstream offsets to gauge offsets)."""
+    from pyspark.sql import functions as F
+
+    shift = F.lit(0).cast("long")
+    for partition, offset in base:
+        shift = F.when(F.col("partition") == F.lit(partition), F.lit(offset).cast("long")).otherwise(shift)
+    return df.withColumn("offset", (F.col("offset").cast("long") + shift).cast(df.schema["offset"].dataType))
 
 
 def read_ranges_python(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]]):

@@ -11,7 +11,8 @@ writes), so it commits atomically with the rows it describes and survives overwr
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
 after a crash commits nothing twice.  Ticks and publishes are compare-and-appends
 (:func:`compare_and_append`): racing writers never count rows twice.  The remap table's properties
-record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``.
+record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``,
+``reclock.epochs``.
 A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published IntoTimes
 in one ``replaceWhere`` overwrite without an app transaction, so the versions stay as they were.
 
@@ -56,17 +57,33 @@ Kind = Literal["remap", "reclocked"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
+EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
 SUCCESS = "_SUCCESS"
 
 
 class UpstreamRecord(NamedTuple):
     """Recorded with remap (table properties) at a source's first tick: where its history begins, the
-    upstream's identity (:mod:`reclock.engine.upstream`), and the gaps a user accepted (records lost upstream)."""
+    upstream's identity (:mod:`reclock.engine.upstream`), the gaps a user accepted (records lost upstream),
+    and the epochs begun on replaced upstreams (``reclock new-epoch``), each a dict with ``began_at`` (its
+    first IntoTime), ``base`` (its offset base, ``[[partition, offset]]``), its ``identity`` and ``start``,
+    what it ``replaced`` (the previous identity and start) and when it was ``recorded_at``.
+    ``start`` and ``identity`` are the current epoch's."""
 
     start: Frontier
     identity: dict | None
     gaps: list = []
+    epochs: list = []
+
+    @property
+    def base(self) -> Frontier:
+        """The current epoch's offset base (empty before any new epoch): gauge offset = base + upstream offset."""
+        return Frontier.of([tuple(pair) for pair in self.epochs[-1]["base"]]) if self.epochs else Frontier()
+
+    @property
+    def began_at(self) -> int:
+        """The current epoch's first IntoTime (0 before any new epoch)."""
+        return self.epochs[-1]["began_at"] if self.epochs else 0
 
 
 class WarehouseError(RuntimeError):
@@ -416,13 +433,16 @@ class SourceTables:
         if START_PROPERTY not in conf:
             return None
         return UpstreamRecord(Frontier.of([tuple(pair) for pair in json.loads(conf[START_PROPERTY])]),
-                              json.loads(conf.get(IDENTITY_PROPERTY, "null")), json.loads(conf.get(GAPS_PROPERTY, "[]")))
+                              json.loads(conf.get(IDENTITY_PROPERTY, "null")), json.loads(conf.get(GAPS_PROPERTY, "[]")),
+                              json.loads(conf.get(EPOCHS_PROPERTY, "[]")))
 
     def record_upstream(self, record: UpstreamRecord) -> None:
-        """Record the start frontier, the upstream's identity and the gaps in the remap table's properties."""
+        """Record the start frontier, the upstream's identity, the gaps and the epochs in the remap table's
+        properties (one commit)."""
         values = {START_PROPERTY: json.dumps([list(pair) for pair in record.start]),
                   IDENTITY_PROPERTY: json.dumps(record.identity, sort_keys=True),
-                  GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True)}
+                  GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True),
+                  EPOCHS_PROPERTY: json.dumps(record.epochs, sort_keys=True)}
         assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in values.items())
         with _conflicts_as(f"{self.uri}: another writer changed remap's properties; nothing recorded"):
             self.spark.sql(f"ALTER TABLE delta.`{self.spark_uri('remap')}` SET TBLPROPERTIES ({assignments})")
