@@ -83,6 +83,36 @@ def test_as_of_join_across_sources_and_refusals(kafka_broker, spark, topics):
     assert spark.sql("SELECT count(*) AS n FROM clicks").first().n == 10
 
 
+@pytest.mark.parametrize("vacuum, survives", [
+    ({}, True),  # VACUUM keeps replaced files for the AS OF window (retention_ms: 60 s here)
+    ({"vacuum_retention_hours": 0, "force_vacuum": True}, False),  # forced: they go at once
+])
+def test_compact_keeps_the_files_of_a_read_in_flight(kafka_broker, spark, topics, vacuum, survives):
+    """A read of version N (pinned, as AS OF reads and backfills pin it) defined before a compaction and
+    collected after its VACUUM still finds its files, unless the sources file forces a shorter retention."""
+    names, config = topics
+    with open(config) as f:
+        doc = yaml.safe_load(f)
+    for source in doc["sources"]:
+        source.update(retention_ms=60_000, **vacuum)
+    with open(config, "w") as f:
+        yaml.safe_dump(doc, f)
+    for now in (10_000, 20_000):
+        produce(kafka_broker, names["clicks"], [("u", f"click-{now}-{i}", i % 3) for i in range(3)])
+        pipeline.run_once("clicks", config, spark, now=now)
+    with pipeline.open_source("clicks", config, connect=False, spark=spark) as ctx:
+        version = ctx.tables.version("reclocked")
+        in_flight = ctx.tables.read_reclocked_spark(spark, version=version)  # defined on version N
+        assert pipeline.compact("clicks", config, now=90_000, spark=spark)["compacted"]
+        assert ctx.tables.version("reclocked") > version  # compaction replaced the files of version N
+    if survives:
+        assert sorted(r.value for r in in_flight.collect()) == sorted(
+            f"click-{now}-{i}" for now in (10_000, 20_000) for i in range(3))
+    else:
+        with pytest.raises(Exception, match="(?i)FileNotFound|does not exist|FAILED_READ_FILE"):
+            in_flight.collect()
+
+
 def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics):
     """SIGKILL the whole pipeline at several points, then run it again: the result is exact."""
     names, config = topics

@@ -305,7 +305,8 @@ def resume(name: str, config_path: str | None = None) -> dict:
 
 
 def compact(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
-    """Advance ``since`` to keep at least ``retention_ms`` of history, never past what is durable."""
+    """Advance ``since`` to keep at least ``retention_ms`` of history, never past what is durable; VACUUM
+    keeps the replaced files ``vacuum_retention_hours`` (reads of older versions in flight still find them)."""
     with open_source(name, config_path, connect=False) as ctx:
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
@@ -317,7 +318,7 @@ def compact(name: str, config_path: str | None = None, now: int | None = None, s
         if since <= current or (current and since - current < ctx.config.retention_ms // 4):
             return {"since": current, "compacted": False}
     with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
-        ctx.tables.compact(since)
+        ctx.tables.compact(since, retention_hours=ctx.config.vacuum_retention_hours)
         return {"since": since, "compacted": True}
 
 

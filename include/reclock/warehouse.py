@@ -37,6 +37,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from typing import Literal, NamedTuple
+import math
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,6 +98,8 @@ def remap_schema(partition_type: pa.DataType, offset_type: pa.DataType = offsets
     """``increment`` is stored like the source's offsets (:mod:`reclock.offsets`): int64 or big."""
     return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", offset_type)])
 
+#: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
+VACUUM_RETENTION_HOURS = 168.0
 
 def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
                      offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
@@ -537,6 +540,12 @@ class SourceTables:
     def read_reclocked_spark(self, spark=None, version: int | None = None):
         """The reclocked table (latest, or at Delta ``version``) as a Spark DataFrame (``spark``: the session
         to read with, for tables opened without one, e.g. by a query that must not create tables)."""
+    def read_staged_spark(self, upto: int, spark=None):
+        """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
+        tables' session)."""
+        _, attempt = self._attempts(self._fs(), upto)
+        return (spark or self.spark).read.schema(self.spark_schema("reclocked")).parquet(self._spark_path(attempt))
+
         return self.read_spark("reclocked", version, spark)
 
     def replace_reclocked(self, df, predicate: str) -> int:
@@ -560,13 +569,18 @@ class SourceTables:
 
     # --- compaction ---------------------------------------------------------------------
 
-    def compact(self, since: int, retention_hours: int = 0) -> None:
+    def compact(self, since: int, retention_hours: float = VACUUM_RETENTION_HOURS) -> None:
         """Compact both tables to ``since``; every step is idempotent, so rerun after a crash.
 
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
         3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
         4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago.
+
+        A read of a version from before the compaction (an AS OF query or a backfill that is still
+        running) finds its files for ``retention_hours`` more: :func:`reclock.pipeline.compact` passes
+        the source's ``vacuum_retention_hours``, which the sources file keeps at least as long as its
+        AS OF window unless ``force_vacuum`` says otherwise.
         """
         stored = self.since()
         since, upper = max(since, stored), min(self.remap_upper(), self.reclocked_upper())
@@ -586,12 +600,13 @@ class SourceTables:
 
         SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).optimize().executeCompaction()
 
-    def _vacuum(self, kind: Kind, retention_hours: int) -> None:
-        """Delete files removed more than ``retention_hours`` ago (Delta VACUUM)."""
+    def _vacuum(self, kind: Kind, retention_hours: float) -> None:
+        """Delete files removed more than ``retention_hours`` ago, rounded up to whole hours (Delta VACUUM
+        rounds its retention to whole hours: 0.4 h would keep nothing)."""
         from delta.tables import DeltaTable as SparkDeltaTable
 
         with _conf(self.spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"):
-            SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).vacuum(float(retention_hours))
+            SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).vacuum(float(math.ceil(retention_hours)))
 
     def _consolidate_remap(self, since: int) -> bool:
         """Rewrite remap rows at or before ``since`` as one row per partition at ``since``; False if already so.
