@@ -80,6 +80,17 @@ def write_config(tmp_path, bootstrap, topics, **options):
     return str(path)
 
 
+def edit_config(config, edit) -> None:
+    """Rewrite the sources file ``config`` with ``edit(doc)`` applied to its YAML document (a dict) in place."""
+    import yaml
+
+    with open(config) as f:
+        doc = yaml.safe_load(f)
+    edit(doc)
+    with open(config, "w") as f:
+        yaml.safe_dump(doc, f)
+
+
 def reclocked_rows(name, config):
     from reclock import pipeline
 

@@ -1,11 +1,17 @@
-"""The command line's errors: one line ``reclock: error: ...`` each, exit status 2, no traceback."""
+"""The command line: its errors (one line ``reclock: error: ...`` each, exit status 2, no traceback), and
+``reclock status`` showing every source while one upstream's broker is stopped."""
 from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import edit_config, run_cli, write_config
 
-from reclock import cli
+from devtools.kafka_broker import LocalBroker, create_topic, produce
+from reclock import cli, pipeline
 
 MAX = "253402300799999"  # 9999-12-31T23:59:59.999Z
 
@@ -79,3 +85,42 @@ def test_an_out_of_range_time_is_no_traceback_in_a_real_process(config):
     assert out.decode().splitlines() == [f"reclock: error: argument --as-of: 99999999999999999999999 is out of range: "
                                          f"IntoTimes are ms from 0 (1970-01-01T00:00:00Z) to {MAX} "
                                          f"(9999-12-31T23:59:59.999Z) (see reclock query --help)"]
+
+
+@pytest.mark.slow
+def test_status_shows_every_source_while_a_broker_is_stopped(spark, tmp_path):
+    """A Kafka source whose (private) broker was stopped after its first tick, and a files source: status
+    shows both within a few seconds, the stopped one with its warehouse frontiers and "unreachable since T"
+    with one line of reason, exits 0, and prints nothing else (no librdkafka retry logs: stdout and
+    stderr together are the JSON)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.log").write_text("one\ntwo\n")
+    with LocalBroker(heap="256m") as broker:
+        create_topic(broker.bootstrap, "orders", partitions=2)
+        produce(broker.bootstrap, "orders", [("k", "v0", 0), ("k", "v1", 1), ("k", "v2", 1)])
+        config = write_config(tmp_path, broker.bootstrap, {"orders": "orders"})  # the default 10 s client timeout
+        edit_config(config, lambda doc: doc["sources"].append(
+            {"name": "logs", "kind": "files", "options": {"url": str(tmp_path / "logs")}}))
+        pipeline.tick("orders", config, now=1_000, spark=spark)
+        bootstrap = broker.bootstrap
+    assert not broker.running()  # stopped by its PID (SIGTERM)
+
+    before, start = datetime.now().astimezone(), time.monotonic()
+    proc = run_cli(config, "status")
+    out = proc.communicate(timeout=120)[0].decode()
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, out
+    assert elapsed < 30, f"status took {elapsed:.0f} s"  # the probe's deadline is 6 s; the rest is start-up
+    orders, logs = json.loads(out)  # nothing but the JSON was printed
+    assert len(out.splitlines()) < 30
+    assert {k: orders[k] for k in ("source", "since", "remap_upper", "bound_frontier", "upstream_frontier")} == {
+        "source": "orders", "since": 0, "remap_upper": 1_001, "bound_frontier": {"0": 1, "1": 2},
+        "upstream_frontier": None}
+    assert orders["lag_offsets"].startswith("unreachable since ")
+    assert before.replace(microsecond=0) <= datetime.fromisoformat(orders["lag_offsets"].split()[-1]) <= \
+        datetime.now().astimezone()
+    reason = orders["upstream_error"]
+    assert "\n" not in reason and bootstrap in reason and "Connection refused" in reason, reason
+    assert logs == {"source": "logs", "since": None, "remap_upper": None, "reclocked_upper": None,
+                    "bound_frontier": {}, "upstream_frontier": logs["upstream_frontier"], "lag_offsets": 8}
+    assert list(logs["upstream_frontier"].values()) == [8]  # both lines of a.log, in bytes

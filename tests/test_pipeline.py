@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 import yaml
-from conftest import reclocked_rows, run_cli, write_config
+from conftest import edit_config, reclocked_rows, run_cli, write_config
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
@@ -91,12 +91,7 @@ def test_compact_keeps_the_files_of_a_read_in_flight(kafka_broker, spark, topics
     """A read of version N (pinned, as AS OF reads and backfills pin it) defined before a compaction and
     collected after its VACUUM still finds its files, unless the sources file forces a shorter retention."""
     names, config = topics
-    with open(config) as f:
-        doc = yaml.safe_load(f)
-    for source in doc["sources"]:
-        source.update(retention_ms=60_000, **vacuum)
-    with open(config, "w") as f:
-        yaml.safe_dump(doc, f)
+    edit_config(config, lambda doc: [source.update(retention_ms=60_000, **vacuum) for source in doc["sources"]])
     for now in (10_000, 20_000):
         produce(kafka_broker, names["clicks"], [("u", f"click-{now}-{i}", i % 3) for i in range(3)])
         pipeline.run_once("clicks", config, spark, now=now)

@@ -11,6 +11,7 @@ Debian Chromium (``apt-get install chromium``; skipped with the reason when it i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,9 +29,11 @@ from conftest import stage_parquet
 from airflow_env import REPO, http_ok, prepare_home, stop_group
 from devtools.kafka_broker import free_port
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from reclock import check_log, pipeline
+from reclock import check_log, pipeline, sources
 from reclock.checks import ChecksFailed
-from reclock.progress import collect
+from reclock.engine import Frontier
+from reclock.progress import UpstreamUnreachable, collect, probe_options, probe_upper
+from reclock.sources.kafka import CLIENT_LOGGER
 from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
 from reclock.warehouse import Warehouse
@@ -314,11 +317,74 @@ def test_collect_reads_the_warehouse_and_survives_an_unreachable_upstream(tmp_pa
     assert events["lag_offsets"] == sum(events["lag_by_partition"].values()) > 0
     assert events["publish_lag_ms"] == 30_001 and events["upstream_error"] is None and events["last_check"] is None
     assert offline["upstream_error"].startswith("upstream unreachable: SourceError") and offline["error"] is None
+    assert offline["upstream_unreachable_since"] >= T0 and events["upstream_unreachable_since"] is None
     assert fresh["tables"] is False and fresh["error"] is None and fresh["upstream_frontier"] == {}
     assert not (tmp_path / "warehouse" / "fresh").exists()  # the view never creates tables
     json.dumps(data)  # JSON-able as served
     page = render_page(data)
     assert 'class="error upstream"' in section(page, "offline") and section(page, "events").count("<circle") == 6
+    assert "upstream unreachable since 20" in page.split("<section")[0]  # the overview says since when
+
+
+class FakeUpstream:
+    """A source kind for the probe: ``behaviour`` is ``ok``, ``fails`` or ``hangs``; it logs like librdkafka."""
+
+    def __init__(self, behaviour: str, timeout_s: float = 10.0):
+        self.behaviour, self.timeout_s = behaviour, timeout_s
+
+    def upper(self) -> Frontier:
+        logging.getLogger(CLIENT_LOGGER).error("FAIL [rdkafka#consumer-1]: Connect to %s failed: Connection refused",
+                                               "127.0.0.1:1")
+        if self.behaviour == "hangs":
+            time.sleep(self.timeout_s)
+        if self.behaviour != "ok":
+            raise sources.SourceError(f"metadata request failed\nafter {self.timeout_s} s")
+        return Frontier.of({0: 7})
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_kind(monkeypatch):
+    monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))
+    sources.register_source("fake", FakeUpstream)
+
+
+@pytest.mark.parametrize("behaviour, outcome", [
+    ("ok", Frontier.of({0: 7})),
+    ("fails", "SourceError: metadata request failed after 0.2 s (last client log: FAIL [rdkafka#consumer-1]: "
+              "Connect to 127.0.0.1:1 failed: Connection refused)"),
+    ("hangs", "no answer within 0.5 s (last client log: FAIL [rdkafka#consumer-1]: Connect to 127.0.0.1:1 failed: "
+              "Connection refused)"),
+])
+def test_probe_upper_answers_or_says_why_within_its_deadline(fake_kind, caplog, behaviour, outcome):
+    """The client's own logs never reach the handlers; the last one ends the reason, on one line."""
+    start = time.monotonic()
+    if isinstance(outcome, Frontier):
+        assert probe_upper("fake", {"behaviour": behaviour}, timeout_s=0.2, deadline_s=0.5) == outcome
+    else:
+        with pytest.raises(UpstreamUnreachable) as e:
+            probe_upper("fake", {"behaviour": behaviour, "timeout_s": 5.0}, timeout_s=0.2 if behaviour == "fails"
+                        else 5.0, deadline_s=0.5)
+        assert str(e.value) == outcome
+    assert time.monotonic() - start < 1.5
+    assert not [r for r in caplog.records if r.name == CLIENT_LOGGER]
+
+
+def test_client_logs_outside_probes_still_reach_the_handlers(caplog):
+    logging.getLogger(CLIENT_LOGGER).warning("a tick's client log")
+    assert [r.getMessage() for r in caplog.records if r.name == CLIENT_LOGGER] == ["a tick's client log"]
+
+
+@pytest.mark.parametrize("kind, options, expected", [
+    ("kafka", {"topic": "t"}, {"topic": "t", "timeout_s": 3.0}),  # the client's default 10 s, lowered
+    ("kafka", {"topic": "t", "timeout_s": 1}, {"topic": "t", "timeout_s": 1}),
+    ("cdcv2", {"transport": "file:///x", "timeout_s": 30}, {"transport": "file:///x", "timeout_s": 3.0}),
+    ("files", {"url": "/logs"}, {"url": "/logs"}),  # no client timeout: only the deadline bounds it
+])
+def test_probe_options_lower_the_client_timeout(kind, options, expected):
+    assert probe_options(kind, options) == expected
 
 
 def test_collect_reports_a_bad_config(tmp_path):

@@ -1,17 +1,26 @@
-"""What the progress view shows, gathered from the warehouse and the upstreams (read-only).
+"""What the progress view and ``reclock status`` show, gathered from the warehouse and the upstreams (read-only).
 
 :func:`collect` returns one JSON-able dict per configured source: ``since``, the remap
 and reclocked uppers, the bound frontier and its history (``Remap.progress()``), the
 upstream frontier and the lags, and the last check record (:mod:`reclock.check_log`).
 
-Unlike :func:`reclock.status.status` it never creates tables and never lets one source
-spoil the others: the warehouse side is read without connecting to the upstream (so an
-unreachable upstream still shows its bound history), and each failure is kept as an
-error string on its source (``error``, ``upstream_error``, ``last_check_error``).
-Upstreams are asked concurrently, so one that times out delays the page only once.
+It never creates tables and never lets one source spoil the others: the warehouse side is
+read without connecting to the upstream (so an unreachable upstream still shows its bound
+history), and each failure is kept as an error string on its source (``error``,
+``upstream_error``, ``last_check_error``).
+
+One upstream that cannot be reached hides nothing else.  Upstreams are asked concurrently, each
+with its own deadline (:func:`probe_upper`): the source is built with its client timeout
+(``timeout_s``, when its kind has one) at most :data:`UPSTREAM_TIMEOUT_S`, and an answer that
+has not come within :data:`UPSTREAM_DEADLINE_S` is given up.  Meanwhile the client's own logs
+(librdkafka's connection retries) are kept off the handlers; the last one is added to the
+reason.  A failed source gets ``upstream_error`` (``upstream unreachable: <reason>``, one line)
+and ``upstream_unreachable_since``, the time this call failed to reach it (ms).
 """
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,9 +31,15 @@ from . import check_log
 from .config import Config, ConfigError, load_config
 from .engine import Frontier
 from .engine.upstream import to_gauge
-from .sources import build_source
+from .sources import SourceError, build_source, source_options
+from .sources.kafka import CLIENT_LOGGER
 from .clock import now_ms
 from .warehouse import SourceTables, Warehouse
+
+#: The client timeout (``timeout_s``) an upstream is asked with, at most (seconds).
+UPSTREAM_TIMEOUT_S = 3.0
+#: How long an upstream's upper is waited for, at most (seconds): the client timeout and a margin.
+UPSTREAM_DEADLINE_S = 2 * UPSTREAM_TIMEOUT_S
 
 
 def collect(config_path: str | None = None, now: int | None = None, upstream: bool = True) -> dict[str, Any]:
@@ -34,11 +49,15 @@ def collect(config_path: str | None = None, now: int | None = None, upstream: bo
         config = load_config(config_path)
     except ConfigError as e:
         return {"generated_at": now, "config": None, "warehouse": None, "error": str(e), "sources": []}
+    return {"generated_at": now, "config": str(config.path), "warehouse": config.warehouse, "error": None,
+            "sources": collect_sources(config, upstream)}
+
+
+def collect_sources(config: Config, upstream: bool = True) -> list[dict[str, Any]]:
+    """:func:`source_progress` of every configured source, concurrently, in the config's order."""
     names = list(config.sources)
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(names))), thread_name_prefix="reclock-progress") as pool:
-        sources = list(pool.map(lambda n: source_progress(config, n, upstream), names))
-    return {"generated_at": now, "config": str(config.path), "warehouse": config.warehouse, "error": None,
-            "sources": sources}
+        return list(pool.map(lambda n: source_progress(config, n, upstream), names))
 
 
 def source_progress(config: Config, name: str, upstream: bool = True) -> dict[str, Any]:
@@ -48,7 +67,8 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
     row: dict[str, Any] = {
         "source": name, "kind": source_config.kind, "uri": uri, "error": None, "tables": False,
         "since": None, "remap_upper": None, "reclocked_upper": None, "bound_frontier": {}, "progress": [],
-        "upstream_frontier": None, "upstream_error": None, "lag_offsets": None, "lag_by_partition": {},
+        "upstream_frontier": None, "upstream_error": None, "upstream_unreachable_since": None,
+        "lag_offsets": None, "lag_by_partition": {},
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
     }
     bound = base = Frontier()
@@ -74,17 +94,76 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         row["last_check_error"] = f"cannot read {uri}/{check_log.FILE_NAME}: {_describe(e)}"
     if upstream:
         try:
-            source = build_source({"kind": source_config.kind, **source_config.options})
-            try:
-                upper = to_gauge(source.upper(), base)
-            finally:
-                source.close()
+            upper = to_gauge(probe_upper(source_config.kind, source_config.options), base)
             lag = upper.ahead_of(bound)
             row.update(upstream_frontier=upper.as_json(), lag_offsets=sum(lag.values()),
                        lag_by_partition={str(p): n for p, n in lag.items()})
         except Exception as e:  # noqa: BLE001
-            row["upstream_error"] = f"upstream unreachable: {_describe(e)}"
+            reason = str(e) if isinstance(e, UpstreamUnreachable) else _describe(e)
+            row.update(upstream_error=f"upstream unreachable: {reason}", upstream_unreachable_since=now_ms())
     return row
+
+
+class UpstreamUnreachable(SourceError):
+    """:func:`probe_upper` got no upper; the message is the reason, on one line."""
+
+
+class _Probing(threading.local):
+    logs: list[str] | None = None  # set in a probe's thread: its client's logs go here, not to the handlers
+
+
+_probing = _Probing()
+
+
+class _KeepProbeLogsAside(logging.Filter):
+    """Drops the client log records of probe threads, keeping the last one's message for the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _probing.logs is None:
+            return True
+        _probing.logs[:] = [record.getMessage()]
+        return False
+
+
+logging.getLogger(CLIENT_LOGGER).addFilter(_KeepProbeLogsAside())
+
+
+def probe_options(kind: str, options: dict[str, Any], timeout_s: float = UPSTREAM_TIMEOUT_S) -> dict[str, Any]:
+    """``options`` with the kind's client timeout (``timeout_s``, when it has one) at most ``timeout_s``."""
+    known = source_options(kind)
+    if known is None or "timeout_s" not in known:
+        return dict(options)
+    configured = options.get("timeout_s", known["timeout_s"].default)
+    return {**options, "timeout_s": min(configured, timeout_s)}
+
+
+def probe_upper(kind: str, options: dict[str, Any], timeout_s: float = UPSTREAM_TIMEOUT_S,
+                deadline_s: float = UPSTREAM_DEADLINE_S) -> Frontier:
+    """The upstream's upper frontier, asked in a thread of its own with its client timeout at most ``timeout_s``;
+    :class:`UpstreamUnreachable` when it fails or has not answered within ``deadline_s`` (the thread is left
+    to its client timeout).  The client's own logs in that thread stay off the handlers; the last one ends the
+    error's message."""
+    outcome: dict[str, Any] = {}
+    logs: list[str] = []
+
+    def ask() -> None:
+        _probing.logs = logs
+        try:
+            source = build_source({"kind": kind, **probe_options(kind, options, timeout_s)})
+            try:
+                outcome["upper"] = source.upper()
+            finally:
+                source.close()
+        except Exception as e:  # noqa: BLE001 - reported by the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=ask, name="reclock-upstream-probe", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if "upper" in outcome:
+        return outcome["upper"]
+    reason = _describe(outcome["error"]) if "error" in outcome else f"no answer within {deadline_s:g} s"
+    raise UpstreamUnreachable(reason + (f" (last client log: {' '.join(logs[-1].split())})" if logs else ""))
 
 
 def read_only_tables(uri: str, storage_options: dict | None = None) -> SourceTables | None:
@@ -100,5 +179,6 @@ def read_only_tables(uri: str, storage_options: dict | None = None) -> SourceTab
 
 
 def _describe(e: BaseException) -> str:
-    text = str(e).strip() or repr(e)
+    """``Type: message`` on one line."""
+    text = " ".join(str(e).split()) or repr(e)
     return f"{type(e).__name__}: {text}"

@@ -309,6 +309,12 @@ def partition_table(src: Mapping) -> str:
             f'<th>not yet bound</th></tr></thead><tbody>{rows}{more}</tbody></table>')
 
 
+def unreachable(src: Mapping) -> str:
+    """``upstream unreachable since <time>`` (when this collection failed to reach it, if known)."""
+    since = src.get("upstream_unreachable_since")
+    return "upstream unreachable" + (f" since {fmt_time(since)}" if since is not None else "")
+
+
 def _since(since: int | None) -> str:
     if since is None:
         return "–"
@@ -323,7 +329,7 @@ def facts(src: Mapping, now: int | None = None) -> str:
     if src.get("upstream_frontier") is not None:
         lag_offsets = f"{fmt_count(src.get('lag_offsets'))} offsets"
     else:
-        lag_offsets = "unknown (upstream unreachable)" if src.get("upstream_error") else "–"
+        lag_offsets = f"unknown ({unreachable(src)})" if src.get("upstream_error") else "–"
     published = ("nothing published yet" if reclocked_upper == 0
                  else f"{reclocked_upper} = {fmt_time(reclocked_upper)}" if reclocked_upper is not None else "–")
     items = [
@@ -397,7 +403,7 @@ def overview(sources: Sequence[Mapping]) -> str:
     rows = []
     for src in sources:
         name, record = src.get("source", "?"), src.get("last_check")
-        upstream = ("unreachable" if src.get("upstream_error") else
+        upstream = (unreachable(src) if src.get("upstream_error") else
                     f'{fmt_count(src.get("lag_offsets"))} offsets behind' if src.get("upstream_frontier") is not None
                     else "–")
         check = "never" if record is None else ("PASS" if record.get("success") else "FAIL")

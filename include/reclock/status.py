@@ -1,19 +1,36 @@
-"""Where each source stands: since, uppers, bound and upstream frontiers, lag."""
+"""Where each source stands: since, uppers, bound and upstream frontiers, lag; every source, always.
+
+Read as the progress page reads it (:func:`reclock.progress.collect_sources`): the warehouse side
+without contacting the upstream and without creating anything, every upstream concurrently within
+a few seconds (:data:`reclock.progress.UPSTREAM_DEADLINE_S`) and with its client's own logs kept
+off the terminal.  An upstream that cannot be reached does not stop the others: its row keeps its
+warehouse frontiers and says ``"lag_offsets": "unreachable since <ISO time this call failed to
+reach it>"`` with one line of reason in ``upstream_error``.  A source never ticked has no tables
+yet: ``since`` and the uppers are null.  Only a sources file that does not load is an error.
+"""
 from __future__ import annotations
 
-from . import pipeline
+from datetime import datetime, timezone
+from typing import Any
+
 from .config import load_config
+from .progress import collect_sources
+
+FIELDS = ("source", "since", "remap_upper", "reclocked_upper", "bound_frontier", "upstream_frontier", "lag_offsets")
 
 
 def status(config_path: str | None = None) -> list[dict]:
     """One row per configured source."""
-    rows = []
-    for name in load_config(config_path).sources:
-        with pipeline.open_source(name, config_path) as ctx:
-            remap = ctx.tables.read_remap()
-            upstream = ctx.source.upper()
-            rows.append({"source": name, "since": ctx.tables.since(), "remap_upper": remap.upper,
-                         "reclocked_upper": ctx.tables.reclocked_upper(),
-                         "bound_frontier": remap.frontier.as_json(), "upstream_frontier": upstream.as_json(),
-                         "lag_offsets": sum(upstream.ahead_of(remap.frontier).values())})
-    return rows
+    return [status_row(progress) for progress in collect_sources(load_config(config_path))]
+
+
+def status_row(progress: dict[str, Any]) -> dict[str, Any]:
+    """The status of one source from its :func:`reclock.progress.source_progress` row."""
+    row = {key: progress[key] for key in FIELDS}
+    if progress["upstream_error"]:
+        since = datetime.fromtimestamp(progress["upstream_unreachable_since"] / 1000, timezone.utc)
+        row.update(lag_offsets=f"unreachable since {since.isoformat(timespec='seconds')}",
+                   upstream_error=progress["upstream_error"].removeprefix("upstream unreachable: "))
+    if progress["error"]:
+        row["error"] = progress["error"]
+    return row

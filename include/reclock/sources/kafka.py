@@ -34,6 +34,8 @@ from ..engine import Frontier, Partition
 from .base import SourceError, check_range
 
 log = logging.getLogger(__name__)
+#: The logger librdkafka's own logs go to (connection retries and the like).
+CLIENT_LOGGER = "reclock.librdkafka"
 
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _OFFSET_INVALID = -1001
@@ -112,7 +114,7 @@ class KafkaSource:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "error",
             "socket.timeout.ms": min(max(ms, 10), 300_000),
-            "logger": logging.getLogger("reclock.librdkafka"),
+            "logger": logging.getLogger(CLIENT_LOGGER),
             **self.config,
             **extra,
         }
@@ -196,7 +198,7 @@ class KafkaSource:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
-                             "logger": logging.getLogger("reclock.librdkafka"), **self.config})
+                             "logger": logging.getLogger(CLIENT_LOGGER), **self.config})
         try:
             description = admin.describe_topics(TopicCollection([self.topic]),
                                                 request_timeout=self.timeout_s)[self.topic].result()
