@@ -103,9 +103,10 @@ def tick(name: str, config_path: str | None = None, now: int | None = None, spar
 
 def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     remap = ctx.tables.read_remap()
+    landed = _land_initial_snapshot(name, ctx, remap)
     record = _upstream_record(name, ctx, remap)
     ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
-    frontier = ctx.source.upper()
+    frontier = ctx.source.upper().join(landed)
     problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
                              record.identity, identity_of(ctx.source))
     if problems:
@@ -125,6 +126,49 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     moved = sum(frontier.increments_from(remap.frontier).values())
     log.info("%s: tick at %d binds %s (+%d offsets)", name, now, frontier, moved)
     return {"into_time": now, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
+
+
+def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Frontier:
+    """Before a source's first binding, land the records it can serve only now (a Postgres source's initial
+    snapshot: ``source.export_snapshot()``) in the warehouse; the uppers of every landed partition.
+
+    A source whose first tick was killed while copying has a slot but nothing landed and nothing bound:
+    its slot is dropped and the snapshot taken again.  The export (and the source's snapshot lock) stays
+    open until the landing commits, so a racing first tick cannot drop the slot under it: it fails.
+    """
+    from .spark_source import read_ranges_python
+
+    landed = ctx.tables.landed()
+    export = getattr(ctx.source, "export_snapshot", None)
+    if export is None or not getattr(ctx.source, "snapshot", False) or landed.partitions or remap.upper > 0:
+        return landed
+    if ctx.source.started():
+        log.warning("%s: %r has a slot but its initial snapshot never landed (a first tick killed while copying): "
+                    "dropping the slot and taking the snapshot again", name, ctx.source)
+        ctx.source.drop_slot()
+    with export() as snapshot:
+        ranges = [(0, partition, 0, upper) for partition, upper in snapshot.uppers.items()]
+        log.info("%s: landing the initial snapshot of %r at its consistent point: %s", name, ctx.source,
+                 ", ".join(f"{p} ({u >> 16} blocks)" for p, u in snapshot.uppers.items()) or "no rows")
+        ctx.tables.land(read_ranges_python(ctx.spark, {**ctx.spec, "exported": snapshot.spec}, ranges),
+                        Frontier.of(snapshot.uppers))
+    return ctx.tables.landed()
+
+
+def read_bound(ctx: SourceContext, ranges, spark=None):
+    """Spark DataFrame of the records in bound ``ranges``: landed partitions from the warehouse
+    (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`)."""
+    from .spark_source import read_ranges
+
+    spark = spark or ctx.spark
+    landed = set(ctx.tables.landed().partitions)
+    here = [r for r in ranges if r[1] in landed]
+    upstream = [r for r in ranges if r[1] not in landed]
+    df = read_ranges(spark, ctx.spec, upstream, ctx.base) if upstream or not here else None
+    if here:
+        df = ctx.tables.read_landed(here, spark) if df is None else \
+            df.unionByName(ctx.tables.read_landed(here, spark))
+    return df
 
 
 UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 0 again), `reclock new-epoch <source>` "
@@ -233,7 +277,7 @@ def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
 
 def stage(name: str, config_path: str | None = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files."""
-    from .spark_source import read_ranges, worker_source_error
+    from .spark_source import worker_source_error
 
     with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
@@ -253,7 +297,7 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
                               "which was replaced: " + "; ".join(other) + f"; nothing staged. {UPSTREAM_HELP}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
         try:
-            rows = ctx.tables.stage(read_ranges(ctx.spark, ctx.spec, ranges, ctx.base), upto)
+            rows = ctx.tables.stage(read_bound(ctx, ranges), upto)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -261,12 +305,17 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
         return {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
 
 
-def check(name: str, config_path: str | None = None) -> dict:
-    """Great Expectations checks on remap and the staged batch; raises ChecksFailed."""
-    from . import check_log
-    from .checks import check_reclocked, check_remap
+def check(name: str, config_path: str | None = None, spark=None) -> dict:
+    """Great Expectations checks on remap and the staged batch; raises ChecksFailed.
 
-    with open_source(name, config_path, connect=False) as ctx:
+    A source whose records are diffs (Postgres, CDC v2) also has its consolidated history checked
+    (:func:`reclock.checks.check_consolidated`), in Spark.
+    """
+    from . import check_log
+    from .checks import check_consolidated, check_reclocked, check_remap
+
+    diffs = not load_config(config_path).source(name).offsets_unique
+    with open_source(name, config_path, connect=False, spark=(spark or True) if diffs else None) as ctx:
         remap = ctx.tables.read_remap()
         results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since,
                                         upstreams=ctx.tables.recorded_upstreams())}
@@ -274,6 +323,12 @@ def check(name: str, config_path: str | None = None) -> dict:
         if window is not None:
             results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap, window[0],
                                                    offsets_unique=ctx.config.offsets_unique)
+            if diffs:
+                label = getattr(ctx.source, "spark_offset_label", None)
+                results["history"] = check_consolidated(
+                    ctx.tables.read_reclocked_spark(), ctx.tables.read_staged_spark(window[1]),
+                    list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
+                    label() if label else None)
         check_log.record(ctx.tables, name, results, window, remap.upper)  # durable before raising
         for report in results.values():
             report.raise_for_failure()
@@ -281,11 +336,23 @@ def check(name: str, config_path: str | None = None) -> dict:
 
 
 def publish(name: str, config_path: str | None = None, spark=None) -> dict:
-    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit)."""
+    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit).
+
+    Only a batch whose checks passed is published: the last check record (:mod:`reclock.check_log`) must be
+    a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.
+    """
+    from . import check_log
+    from .checks import ChecksFailed
+
     with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
         window = pending(ctx.tables.read_remap(), ctx.tables)
         if window is None:
             return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
+        checked = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
+        if not (checked.get("success") and checked.get("window") == list(window)):
+            raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
+                               + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
+                               + " (run `reclock check` after staging; README: checks)")
         published = ctx.tables.publish_staged(window[1])
         return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 

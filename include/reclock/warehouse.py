@@ -26,18 +26,24 @@ Spark stages a batch of reclocked rows as Parquet under ``<source>/staged/upto=<
 (outside the Delta tables: a fresh attempt directory per :meth:`SourceTables.stage`, ``_SUCCESS``
 marks a complete one); :meth:`SourceTables.publish_staged` appends the latest complete attempt to
 the reclocked table in one idempotent commit, then removes the staged files.
+
+``<root>/<name>/landing`` holds records a source could not serve again later, landed once in the
+warehouse (a Postgres source's initial snapshot, read under a snapshot that dies with its
+connection): :meth:`SourceTables.land` appends them in one commit whose ``userMetadata`` records
+the landed partitions' uppers, and from then on staging and backfills read those partitions' offset
+ranges from here (:meth:`SourceTables.read_landed`), not upstream.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
 import uuid
 from contextlib import contextmanager
 from typing import Literal, NamedTuple
-import math
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,9 +60,10 @@ from .spark_session import spark_schema
 
 log = logging.getLogger("reclock")
 
-Kind = Literal["remap", "reclocked"]
-KINDS: tuple[Kind, ...] = ("remap", "reclocked")
+Kind = Literal["remap", "reclocked", "landing"]
+KINDS: tuple[Kind, ...] = ("remap", "reclocked")  # created with the source; "landing" when first landed
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
+LANDING_APP = "reclock.landing"  # version = number of landings
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
@@ -91,6 +98,8 @@ class WarehouseError(RuntimeError):
     """Stored state or staged files that reclock cannot accept; nothing was committed."""
 
 
+#: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
+VACUUM_RETENTION_HOURS = 168.0
 REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
 
 
@@ -98,8 +107,6 @@ def remap_schema(partition_type: pa.DataType, offset_type: pa.DataType = offsets
     """``increment`` is stored like the source's offsets (:mod:`reclock.offsets`): int64 or big."""
     return pa.schema([("partition", partition_type), ("into_time", pa.int64()), ("increment", offset_type)])
 
-#: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
-VACUUM_RETENTION_HOURS = 168.0
 
 def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
                      offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
@@ -249,6 +256,7 @@ class SourceTables:
         self.schemas: dict[Kind, pa.Schema] = {
             "remap": remap_schema(partition_type, self.offset_type),
             "reclocked": reclocked_schema(partition_type, data_schema, self.offset_type)}
+        self.schemas["landing"] = self.schemas["reclocked"]  # into_time is 0 there, stamped when read
         self._spark = spark
 
     @property
@@ -450,6 +458,52 @@ class SourceTables:
         with _conflicts_as(f"{self.uri}: another writer changed remap's properties; nothing recorded"):
             self.spark.sql(f"ALTER TABLE delta.`{self.spark_uri('remap')}` SET TBLPROPERTIES ({assignments})")
 
+    # --- landing ------------------------------------------------------------------------
+
+    def land(self, df, uppers: Frontier) -> None:
+        """Append ``df``'s records of the partitions of ``uppers`` (offsets below them) in one commit that
+        records ``uppers``; those partitions are then read from here (:meth:`read_landed`)."""
+        again = sorted(set(uppers.partitions) & set(self.landed().partitions), key=str)
+        if again:
+            raise WarehouseError(f"{self.uri}: partitions {again} are landed already")
+        if self._table_or_none("landing") is None:
+            self._clear_interrupted_creation("landing")
+            create_table(self.spark, self.table_uri("landing"), self.schemas["landing"],
+                         f"{self.uri.rsplit('/', 1)[-1]}_landing")
+        from pyspark.sql import functions as F
+
+        version = self._app_version("landing", LANDING_APP, 0) + 1
+        append(df.withColumn("into_time", F.lit(0).cast("long")), self.table_uri("landing"),
+               self.schemas["landing"].names, LANDING_APP, version, {"landed": [list(u) for u in uppers]})
+        if not uppers.less_equal(self.landed()):  # Delta skipped the commit: another landing took the version
+            raise ConcurrentWriteError(f"{self.uri}: another writer landed records at the same time; nothing landed")
+
+    def landed(self) -> Frontier:
+        """The uppers of every landed partition (empty when nothing was landed)."""
+        dt = self._table_or_none("landing")
+        out = Frontier()
+        for commit in [] if dt is None else dt.history():
+            try:
+                out = out.join(Frontier.of([tuple(u) for u in json.loads(commit.get("userMetadata") or "{}")["landed"]]))
+            except (ValueError, KeyError, TypeError):
+                continue  # the table's creation
+        return out
+
+    def read_landed(self, ranges, spark=None):
+        """Spark DataFrame of the landed records in ``ranges`` (``(into_time, partition, start, end)`` of landed
+        partitions), each stamped with its range's IntoTime; the columns of the reclocked table."""
+        from pyspark.sql import functions as F
+
+        df = self.read_spark("landing", spark=spark).drop("into_time")
+        into_time, wanted = F.lit(None).cast("long"), F.lit(False)
+        for t, partition, start, end in ranges:
+            if start >= end:
+                continue
+            low, high = (F.lit(offsets.to_storage(o, self.offset_type)) for o in (start, end))
+            inside = (F.col("partition") == F.lit(partition)) & (F.col("offset") >= low) & (F.col("offset") < high)
+            into_time, wanted = F.when(inside, F.lit(t)).otherwise(into_time), wanted | inside
+        return df.where(wanted).withColumn("into_time", into_time).select(*self.schemas["reclocked"].names)
+
     # --- reclocked ----------------------------------------------------------------------
 
     def reclocked_upper(self) -> int:
@@ -485,6 +539,12 @@ class SourceTables:
         paths = [i.path for i in _parquet_files(fs, attempt)]
         schema = self.schemas["reclocked"]
         return pads.dataset(paths, schema=schema, filesystem=fs, format="parquet").to_table().to_pandas()
+
+    def read_staged_spark(self, upto: int, spark=None):
+        """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
+        tables' session)."""
+        _, attempt = self._attempts(self._fs(), upto)
+        return (spark or self.spark).read.schema(self.spark_schema("reclocked")).parquet(self._spark_path(attempt))
 
     def _attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
         """Every staged attempt directory for ``upto``, and the latest complete one."""
@@ -540,12 +600,6 @@ class SourceTables:
     def read_reclocked_spark(self, spark=None, version: int | None = None):
         """The reclocked table (latest, or at Delta ``version``) as a Spark DataFrame (``spark``: the session
         to read with, for tables opened without one, e.g. by a query that must not create tables)."""
-    def read_staged_spark(self, upto: int, spark=None):
-        """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
-        tables' session)."""
-        _, attempt = self._attempts(self._fs(), upto)
-        return (spark or self.spark).read.schema(self.spark_schema("reclocked")).parquet(self._spark_path(attempt))
-
         return self.read_spark("reclocked", version, spark)
 
     def replace_reclocked(self, df, predicate: str) -> int:
