@@ -80,6 +80,20 @@ def write_config(tmp_path, bootstrap, topics, **options):
     return str(path)
 
 
+def write_sources_config(tmp_path, *sources, retention_ms=2_500):
+    """A sources file with the given ``(name, kind, options)`` sources, warehouse under tmp_path."""
+    import yaml
+
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({
+        "warehouse": str(tmp_path / "warehouse"),
+        "spark": {"master": "local[2]"},
+        "sources": [{"name": name, "kind": kind, "retention_ms": retention_ms, "options": options}
+                    for name, kind, options in sources],
+    }))
+    return str(path)
+
+
 def edit_config(config, edit) -> None:
     """Rewrite the sources file ``config`` with ``edit(doc)`` applied to its YAML document (a dict) in place."""
     import yaml

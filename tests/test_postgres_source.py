@@ -4,14 +4,13 @@ from __future__ import annotations
 import json
 import pickle
 import threading
-import uuid
 from collections import Counter, defaultdict
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from pg_cluster import pg_cluster  # noqa: E402,F401  (session fixture)
+from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session fixture)
 from reclock.engine import Frontier  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.postgres import PostgresSource, lsn_to_int  # noqa: E402
@@ -22,22 +21,13 @@ TABLE = "CREATE TABLE items (id int PRIMARY KEY, name text, qty numeric, flag bo
 @pytest.fixture
 def dsn(pg_cluster):
     """A fresh database per test; its slots and the database are dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    with psycopg.connect(pg_cluster.dsn(name), autocommit=True) as c:
-        c.execute(TABLE)
-        c.execute("ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL")
-    yield pg_cluster.dsn(name)
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as c:
-        for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
-            c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        c.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with fresh_database(pg_cluster, TABLE, "ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL") as dsn:
+        yield dsn
 
 
 @pytest.fixture
 def source(dsn):
-    src = PostgresSource(dsn, "s1", tables=["items"])
+    src = PostgresSource(dsn, "s1", tables=["items"], snapshot=False)
     yield src
     src.close()
 
@@ -144,7 +134,7 @@ def test_read_is_exact_and_repeatable(dsn, source):
     assert read(source, c0, u) == everything  # repeatable: the slot was not consumed
     with pytest.raises(SourceError, match="beyond the upper"):
         read(source, c0, u + 10**9)
-    with pytest.raises(SourceError, match="single partition"):
+    with pytest.raises(SourceError, match="snapshot partitions, (not|frontier names)"):
         source.read("p", c0, u)
 
 
@@ -168,7 +158,7 @@ def test_insert_update_delete_diffs_and_row_json(dsn, source):
 
 def test_missing_old_row_is_a_clear_error(dsn):
     txn(dsn, "CREATE TABLE plain (id int PRIMARY KEY, v text)", "CREATE PUBLICATION p_plain FOR TABLE plain")
-    src = PostgresSource(dsn, "s_plain", publication="p_plain")
+    src = PostgresSource(dsn, "s_plain", publication="p_plain", snapshot=False)
     try:
         txn(dsn, "INSERT INTO plain VALUES (1, 'a')")
         u_insert = src.upper()[""]
@@ -205,7 +195,7 @@ def test_commit_advances_slot_and_releases_data(dsn, source, pg_cluster):
     assert source.committed()[""] == o[1]
     with pytest.raises(SourceError, match="beyond the upper"):
         source.commit(Frontier.of({"": source.upper()[""] + 10**9}))
-    with pytest.raises(SourceError, match="single partition"):
+    with pytest.raises(SourceError, match="snapshot partitions, (not|frontier names)"):
         source.commit(Frontier.of({"other": 5}))
 
 
@@ -222,7 +212,7 @@ def test_dropped_slot_is_a_clear_error(dsn, source):
 
 
 def test_restart_resumes_from_committed_frontier(dsn):
-    first = PostgresSource(dsn, "s_restart", tables=["items"])
+    first = PostgresSource(dsn, "s_restart", tables=["items"], snapshot=False)
     for i in range(3):
         txn(dsn, f"INSERT INTO items (id) VALUES ({i})")
     before = read(first)
@@ -230,7 +220,7 @@ def test_restart_resumes_from_committed_frontier(dsn):
     first.commit(Frontier.of({"": o[1]}))
     first.close()
     txn(dsn, "INSERT INTO items (id) VALUES (3)", "INSERT INTO items (id) VALUES (4)")
-    second = PostgresSource(dsn, "s_restart", tables=["items"])  # slot and publication exist: reused
+    second = PostgresSource(dsn, "s_restart", tables=["items"], snapshot=False)  # slot and publication exist: reused
     try:
         assert second.committed() == Frontier.of({"": o[1]})
         assert second.upper()[""] > o[2]
@@ -280,7 +270,7 @@ def test_build_source_kind(dsn):
     sources = pytest.importorskip("reclock.sources")
     if "postgres" not in sources.source_kinds():
         pytest.skip("postgres kind not registered")
-    src = sources.build_source({"kind": "postgres", "dsn": dsn, "slot": "s_built", "tables": ["items"]})
+    src = sources.build_source({"kind": "postgres", "dsn": dsn, "slot": "s_built", "tables": ["items"], "snapshot": False})
     try:
         assert isinstance(src, PostgresSource) and src.committed().less_equal(src.upper())
     finally:

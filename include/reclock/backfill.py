@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from .engine import Frontier, Range, Remap
 from .engine.upstream import clip_ranges, identity_problems, replay_problem
-from .pipeline import SourceContext, open_source
+from .pipeline import SourceContext, open_source, read_bound
 from .sources.base import identity_of, released_frontier
 from .warehouse import RECLOCKED_APP, UpstreamRecord, _app_version
 
@@ -181,11 +181,9 @@ def _examples(left, right, n: int = EXAMPLES) -> list[dict]:
 
 
 def _replayed(spark, ctx: SourceContext, window: Window, schema):
-    from .spark_source import read_ranges
-
     if not window.ranges:
         return spark.createDataFrame([], schema)
-    return read_ranges(spark, ctx.spec, window.ranges, ctx.base)
+    return read_bound(ctx, window.ranges, spark)
 
 
 def _published(spark, ctx: SourceContext, window: Window):

@@ -173,6 +173,36 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
     return _validate("reclocked batch", with_expected_into_time(batch, remap), ["partition", "offset"], checks)
 
 
+def check_consolidated(published, staged, content: list[str], label=None) -> CheckReport:
+    """Check that publishing ``staged`` keeps every record's consolidated multiplicity AS OF the new upper at least 0.
+
+    For sources whose records are diffs (Postgres changes: ``-1`` of an old row, ``+1`` of a new one), a
+    retraction of a row the history never held (a table's rows from before the source started, changes
+    missed or seen twice) makes the multiplicity negative: nothing is published then.  Only the contents
+    (``content`` columns) the batch touches are consolidated, over the published Spark DataFrame
+    ``published`` and the batch, all in Spark; a failure names the contents and where the batch changed
+    them (``partition``, ``offset``, and ``label``: a Column spelling the offset as the source does, e.g. a
+    Postgres LSN).
+    """
+    import great_expectations.expectations as gxe
+    from pyspark.sql import functions as F
+
+    at = [F.max(F.struct("offset", "partition")).alias("_at")]
+    touched = staged.groupBy(*content).agg(*at)
+    history = published.select(*content, "diff").unionByName(staged.select(*content, "diff"))
+    consolidated = (history.join(touched.select(*content), content, "left_semi").groupBy(*content)
+                    .agg(F.sum("diff").alias("multiplicity")).join(touched, content)
+                    .select(*content, "multiplicity", F.col("_at.partition").alias("partition"),
+                            F.col("_at.offset").alias("offset")))
+    if label is not None:
+        consolidated = consolidated.withColumn("at", label)
+    index = [*content, "partition", "offset"] + (["at"] if label is not None else [])
+    return _validate("reclocked history", consolidated, index, {
+        "reclocked.consolidates": (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", min_value=0),
+                                   "every record's multiplicity AS OF the new upper is >= 0 (no retraction of "
+                                   "a record the history does not hold)")})
+
+
 def with_expected_into_time(batch, remap: Remap):
     """``batch`` plus the engine's ``remap.into_time_of(partition, offset)`` (null when beyond the frontier)."""
     if isinstance(batch, pd.DataFrame):

@@ -68,9 +68,10 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
             # Where offsets are times (several records per offset, a retraction at a later offset
             # than its insertion) contents are per record, not per offset: the view has no offset.
             drop = ("into_time", "diff") if ctx.config.offsets_unique else ("into_time", "diff", "offset")
-            # Change metadata (Postgres op, xid, seq, commit_time) is not part of a record's contents.
-            content = getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns
-            keys = [c for c in df.columns if c not in drop and (c in content or c not in ctx.tables.data_columns)]
+            # A source that names its contents (Postgres: table and row) leaves out the change's metadata (op,
+            # xid, seq, commit_time) and where it came from (the changes' or a snapshot's partition).
+            content = getattr(ctx.source, "content_columns", None)
+            keys = list(content) if content else [c for c in df.columns if c not in drop]
             contents = (df.where(F.col("into_time") <= t).groupBy(*keys).agg(F.sum("diff").alias("_n"))
                         .where(F.col("_n") != 0))
             if contents.where(F.col("_n") < 0).limit(1).count():

@@ -1,9 +1,23 @@
 """PostgreSQL logical replication as a reclock :class:`~reclock.sources.base.Source`.
 
-Gauge: one partition ``""`` whose offset is the *commit LSN* of a change's transaction, the
+Gauge: partition ``""`` whose offset is the *commit LSN* of a change's transaction, the
 start of its commit record, as an int.  All changes of a transaction share one offset and
-offset order is commit order (seed 001).  Rows that existed before the slot was created are
-not emitted (no initial snapshot): the source carries the changes after the slot's start.
+offset order is commit order (seed 001).
+
+Initial snapshot (``snapshot=True``, the default): what the tables held when the source started
+is part of its history.  :meth:`PostgresSource.export_snapshot` creates the slot on a replication
+connection with ``SNAPSHOT 'export'``: Postgres returns the slot's consistent point ``C`` and a
+snapshot that sees exactly the transactions committed before ``C``, while the slot decodes exactly
+those with commit LSN ``>= C``.  So ``snapshot at C + changes from C`` is the tables' history, with
+nothing missed or seen twice.  Each table's snapshot is its own partition ``"<schema.table>@<C>"``
+(:func:`snapshot_partition`) whose offset is the row's ``ctid`` as ``block << 16 | line``, upper
+``blocks << 16`` (every row visible to the snapshot lies in a block that existed when it was taken).
+Spark copies ctid ranges in parallel, each task importing the exported snapshot (``SET TRANSACTION
+SNAPSHOT``), while the exporting connection stays open; the rows are landed in the warehouse (the
+pipeline does that) and read from there afterwards, since the snapshot dies with its connection.
+Snapshot rows are ``op = "snapshot"``, ``+1``, in the same row text as the changes (each column's
+output function text, as pgoutput sends it), so a later update or delete retracts them exactly.
+With ``snapshot=False`` the source carries only the changes after its slot was created.
 
 Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (psycopg 3, no
 replication connection, no server extension).  pgoutput is chosen over wal2json/test_decoding
@@ -29,7 +43,8 @@ import re
 import struct
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 
@@ -38,10 +53,12 @@ from .base import SourceError
 
 try:
     import psycopg
-    from psycopg import errors, sql
+    from psycopg import adapt, errors, sql
 except ImportError:  # pragma: no cover - reported when a source is built
     psycopg = None
 
+_SNAPSHOT_PARTITION = re.compile(r"^(?P<table>[^@]+)@(?P<lsn>[0-9A-F]+/[0-9A-F]+)$")
+_TID_SHIFT = 16  # a ctid (block, line) as an offset: block << 16 | line (a heap page holds < 2**16 lines)
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _UNCHANGED = object()  # pgoutput 'u': an unchanged TOASTed value, not sent again
@@ -58,18 +75,49 @@ def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+def snapshot_partition(table: str, consistent_lsn: int) -> str:
+    """The partition of ``table``'s initial snapshot taken at the slot's consistent point."""
+    return f"{table}@{int_to_lsn(consistent_lsn)}"
+
+
+def parse_snapshot_partition(partition: str) -> tuple[str, int] | None:
+    """``(table, consistent LSN)`` of a snapshot partition, None for the changes' partition ``""``."""
+    match = _SNAPSHOT_PARTITION.match(partition)
+    return (match["table"], lsn_to_int(match["lsn"])) if match else None
+
+
+def _tid(offset: int) -> str:
+    return f"({offset >> _TID_SHIFT},{offset & ((1 << _TID_SHIFT) - 1)})"
+
+
+class ExportedSnapshot(NamedTuple):
+    """A snapshot exported with a new slot: alive while :meth:`PostgresSource.export_snapshot` is open."""
+
+    name: str            # for SET TRANSACTION SNAPSHOT
+    consistent_lsn: int  # the slot's consistent point C
+    uppers: dict         # snapshot partition -> blocks << 16 (tables with no block are left out)
+
+    @property
+    def spec(self) -> dict:
+        """What a worker's source needs to read the snapshot's partitions (``exported=`` kwarg)."""
+        return {"name": self.name, "consistent_lsn": self.consistent_lsn}
+
+
 class PostgresSource:
     """Changes of the tables in ``publication`` (default: the slot's name), read through ``slot``.
 
     ``tables`` (``"name"`` or ``"schema.name"``) creates the publication if it is missing and
-    sets ``REPLICA IDENTITY FULL`` on them.  ``create_slot`` creates a missing ``pgoutput`` slot;
-    an existing one is reused, so a new source on the same slot resumes from its commit.
+    sets ``REPLICA IDENTITY FULL`` on them.  ``create_slot`` allows creating a missing ``pgoutput``
+    slot; an existing one is reused, so a new source on the same slot resumes from its commit.
+    With ``snapshot=True`` the slot is created only by :meth:`export_snapshot` (the pipeline's first
+    tick), together with the tables' initial snapshot; until then the source is not started.
+    ``exported`` (:attr:`ExportedSnapshot.spec`) lets a Spark task read the snapshot's partitions.
     """
 
     partition_type = pa.string()
     data_schema = pa.schema([
         pa.field("table", pa.string()),        # "schema.table"
-        pa.field("op", pa.string()),           # insert / update / delete
+        pa.field("op", pa.string()),           # insert / update / delete / snapshot
         pa.field("row", pa.string()),          # JSON object of the row's columns
         pa.field("xid", pa.int64()),
         pa.field("seq", pa.int32()),           # index of the change within its transaction
@@ -77,9 +125,13 @@ class PostgresSource:
     ])
     #: A change's contents (AS OF views): the row of the table; the other columns describe the change.
     content_columns = ("table", "row")
+    #: One Spark read task: 256 heap blocks (2 MB) of a snapshot partition, or 16 MB of WAL (each task
+    #: decodes the slot from its committed position, so fewer, larger change ranges cost less).
+    max_task_offsets = 256 << _TID_SHIFT
 
     def __init__(self, dsn: str, slot: str, publication: str | None = None, tables: Sequence[str] = (),
-                 create_slot: bool = True, busy_timeout_s: float = 10.0) -> None:
+                 create_slot: bool = True, busy_timeout_s: float = 10.0, snapshot: bool = True,
+                 exported: dict | None = None) -> None:
         if psycopg is None:
             raise SourceError("the postgres source needs psycopg 3: pip install 'psycopg[binary]'")
         self.slot, self.publication = slot, publication or slot
@@ -87,17 +139,33 @@ class PostgresSource:
             if not isinstance(name, str) or not _NAME.match(name):
                 raise SourceError(f"{what} name must match {_NAME.pattern}, got {name!r}")
         self.busy_timeout_s, self._dsn, self._conn = busy_timeout_s, dsn, None
+        self.snapshot, self.create_slot, self._exported = bool(snapshot), bool(create_slot), exported
         self._connection()
         try:
             if tables:
                 self._ensure_publication(list(tables))
             if not self._sql("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)):
                 raise SourceError(f"publication {self.publication!r} does not exist; pass tables=[...] to create it")
-            self._ensure_slot(create_slot)
-            self._upper = self._confirmed()
+            self._ensure_slot(create_slot and not self.snapshot)
+            self._upper = self._confirmed() if self.started() else 0
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def spark_offset_label():
+        """A Spark Column spelling a record's offset as Postgres does: the commit LSN of a change, the ctid
+        of a snapshot row (for check reports)."""
+        from pyspark.sql import functions as F
+
+        offset = F.col("offset")
+        lsn = F.concat(F.hex(F.shiftright(offset, 32)), F.lit("/"), F.hex(offset.bitwiseAND(0xFFFFFFFF)))
+        ctid = F.format_string("ctid (%d,%d)", F.shiftright(offset, _TID_SHIFT),
+                               offset.bitwiseAND((1 << _TID_SHIFT) - 1))
+        return F.when(F.col("partition") == "", F.concat(F.lit("commit LSN "), lsn)).otherwise(ctid)
+
+    def __repr__(self) -> str:
+        return f"postgres slot {self.slot!r} (publication {self.publication!r})"
 
     def _connection(self) -> "psycopg.Connection":
         if self._conn is None or self._conn.closed:
@@ -131,6 +199,8 @@ class PostgresSource:
             if plugin != "pgoutput" or not same_db:
                 raise SourceError(f"slot {self.slot!r} must be a pgoutput logical slot of this database, "
                                   f"it uses {plugin!r}" + ("" if same_db else " in another database"))
+        elif self.snapshot and self.create_slot:
+            return  # created with the initial snapshot by export_snapshot()
         elif not create:
             raise SourceError(f"replication slot {self.slot!r} does not exist (create_slot=False)")
         else:
@@ -158,7 +228,106 @@ class PostgresSource:
             except psycopg.Error as e:
                 raise SourceError(f"postgres: {e}") from e
 
+    def started(self) -> bool:
+        """Whether the slot exists (with ``snapshot=True``: whether export_snapshot has created it)."""
+        return bool(self._sql("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)))
+
+    def drop_slot(self) -> None:
+        """Drop the slot (e.g. one whose snapshot never landed); SourceError while another process takes a
+        snapshot with it, or while it is in use."""
+        with self._snapshot_lock():
+            if self.started():
+                self._sql("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+        self._upper = 0
+
+    @contextmanager
+    def _snapshot_lock(self) -> Iterator[None]:
+        """A session advisory lock on the slot's name, held while its snapshot is taken (or it is dropped);
+        Postgres releases it when the holder's connection ends, a killed process's too."""
+        key = f"reclock.snapshot.{self.slot}"
+        if not self._sql("SELECT pg_try_advisory_lock(hashtext(%s))", (key,))[0][0]:
+            raise SourceError(f"{self!r}: another process is taking the initial snapshot with this slot")
+        try:
+            yield
+        finally:
+            self._sql("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+
+    @contextmanager
+    def export_snapshot(self) -> Iterator[ExportedSnapshot]:
+        """Create the slot with an exported snapshot of the publication's tables; the snapshot lives
+        until the block ends (its replication connection stays open and idle meanwhile).
+
+        The block copies the snapshot's partitions, with this source rebuilt as
+        ``PostgresSource(..., exported=snapshot.spec)`` wherever it reads them.
+        """
+        if not self.create_slot:
+            raise SourceError(f"replication slot {self.slot!r} does not exist (create_slot=False)")
+        with self._snapshot_lock():
+            yield from self._export()
+
+    def _export(self) -> Iterator[ExportedSnapshot]:
+        try:
+            conn = psycopg.connect(self._dsn, replication="database", autocommit=True)
+        except psycopg.Error as e:
+            raise SourceError(f"cannot open a replication connection to postgres: {e}") from e
+        try:
+            result = conn.pgconn.exec_(
+                f"CREATE_REPLICATION_SLOT {self.slot} LOGICAL pgoutput (SNAPSHOT 'export')".encode())
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise SourceError(f"creating replication slot {self.slot!r} with a snapshot failed: "
+                                  f"{result.error_message.decode(errors='replace').strip()}")
+            lsn, name = lsn_to_int(result.get_value(0, 1).decode()), result.get_value(0, 2).decode()
+            with self._snapshot_transaction(name) as cur:
+                blocks = cur.execute(
+                    "SELECT format('%%s.%%s', schemaname, tablename),"
+                    " pg_relation_size(format('%%I.%%I', schemaname, tablename)::regclass) / current_setting('block_size')::int"
+                    " FROM pg_publication_tables WHERE pubname = %s ORDER BY 1", (self.publication,)).fetchall()
+            self._upper = lsn
+            yield ExportedSnapshot(name, lsn, {snapshot_partition(t, lsn): n << _TID_SHIFT for t, n in blocks if n})
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _snapshot_transaction(self, name: str) -> Iterator["psycopg.Cursor"]:
+        """A cursor in a read-only transaction that sees the exported snapshot ``name``."""
+        try:
+            with psycopg.connect(self._dsn) as conn:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+                yield conn.cursor()
+                conn.rollback()
+        except psycopg.Error as e:
+            raise SourceError(f"postgres: reading the snapshot {name!r} of slot {self.slot!r}: {e}") from e
+
+    def _read_snapshot(self, partition: str, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
+        """The rows of a snapshot partition with ``start <= ctid offset < end``, in ctid order."""
+        table, lsn = parse_snapshot_partition(partition)
+        if not self._exported or self._exported.get("consistent_lsn") != lsn:
+            raise SourceError(f"{partition}: the initial snapshot of {table} at {int_to_lsn(lsn)} is read from "
+                              "where the pipeline landed it; its exported snapshot is gone")
+        schema, _, name = table.partition(".")
+        with self._snapshot_transaction(self._exported["name"]) as cur:
+            columns = cur.execute(
+                "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+                " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                (sql.Identifier(schema, name).as_string(cur.connection),)).fetchall()
+            names, oids = [c[0] for c in columns], [c[1] for c in columns]
+            for oid in set(oids):  # each column as its output function's text, as pgoutput sends it
+                cur.adapters.register_loader(oid, _OutputText)
+            cur.execute(sql.SQL("SELECT ctid::text, {} FROM {} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
+                sql.SQL(", ").join(map(sql.Identifier, names)), sql.Identifier(schema, name)),
+                (_tid(start), _tid(end)))
+            while batch := cur.fetchmany(2000):
+                for ctid, *values in batch:
+                    block, _, line = ctid[1:-1].partition(",")
+                    yield ({"table": table, "op": "snapshot", "row": _row(names, oids, values), "xid": None,
+                            "seq": 0, "commit_time": None}, int(block) << _TID_SHIFT | int(line), +1)
+
     def _dropped(self) -> SourceError:
+        if self.snapshot and not self._upper:  # this process never saw the slot
+            return SourceError(f"replication slot {self.slot!r} does not exist: either {self!r} has not started (its "
+                               "first tick creates the slot with the tables' initial snapshot) or the slot was dropped "
+                               "(its changes are lost upstream; README: a lost replication slot)")
         return SourceError(f"replication slot {self.slot!r} no longer exists (dropped?): its changes are lost "
                            "upstream; recreate the source from a fresh snapshot")
 
@@ -217,10 +386,12 @@ class PostgresSource:
         *after* the peek (it only grows): if it is still ``<= start`` no transaction in range
         was skipped by the slot.
         """
-        if partition != "":
-            raise SourceError(f"postgres has the single partition '', not {partition!r}")
         if start >= end:
             return iter(())
+        if parse_snapshot_partition(partition):
+            return self._read_snapshot(partition, start, end)
+        if partition != "":
+            raise SourceError(f"postgres has the changes' partition '' and snapshot partitions, not {partition!r}")
         if end > self._upper and end > self.upper()[""]:
             raise SourceError(f"read of [{start}, {end}) goes beyond the upper {self._upper}")
         rows = self._sql(
@@ -233,10 +404,13 @@ class PostgresSource:
         return _decode((bytes(r[0]) for r in rows), start, end)
 
     def commit(self, frontier: Frontier) -> None:
-        """Advance the slot to ``frontier``: transactions with commit LSN below it are released."""
-        other = [p for p in frontier.partitions if p != ""]
+        """Advance the slot to ``frontier``: transactions with commit LSN below it are released.
+
+        Snapshot partitions are held where the pipeline landed them, not upstream: nothing to commit.
+        """
+        other = [p for p in frontier.partitions if p != "" and not parse_snapshot_partition(p)]
         if other:
-            raise SourceError(f"postgres has the single partition '', frontier names {other}")
+            raise SourceError(f"postgres has the changes' partition '' and snapshot partitions, frontier names {other}")
         target = frontier[""]
         if target <= self._confirmed():
             return
@@ -262,6 +436,13 @@ class PostgresSource:
 
 
 # --- pgoutput (protocol version 1) decoding ---
+
+
+class _OutputText(adapt.Loader if psycopg else object):
+    """Loads a column as the text of its type's output function (no parsing)."""
+
+    def load(self, data) -> str:
+        return bytes(data).decode()
 
 
 class _Reader:
