@@ -18,6 +18,7 @@ from conftest import write_sources_config
 from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (session fixture)
 from reclock import pipeline
 from devtools.kafka_broker import create_topic, produce
+from reclock.checks import ChecksFailed
 from reclock.query import readable, register_as_of
 from reclock.sources.base import SourceError
 from reclock.sources.files import FileSource
@@ -293,8 +294,10 @@ def test_kafka_malformed_record_stops_at_stage(kafka_broker, spark, tmp_path):
     pipeline.tick("events", config, now=2_000)
     with pytest.raises(SourceError, match=r"events: .*offset 3: record is not valid utf-8"):
         pipeline.stage("events", config, spark)
-    with pytest.raises(WarehouseError, match="no complete staged attempt"):
+    with pytest.raises(ChecksFailed, match="not been checked"):
         pipeline.publish("events", config)
+    with pytest.raises(WarehouseError, match="no complete staged attempt"):
+        pipeline.check("events", config)
     assert readable("events", config).upper == 1_001  # nothing of the bad tick published
     rows = view(spark, config, "events", 1_000)
     assert sorted(r["value"] for r in rows) == ["ok-1", "ok-2"]

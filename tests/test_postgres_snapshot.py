@@ -199,3 +199,29 @@ def test_checks_refuse_retracting_rows_the_history_lacks(spark, pg_cluster, tmp_
             pipeline.publish("acct", config, spark)
         with pipeline.open_source("acct", config, connect=False) as ctx:
             assert ctx.tables.reclocked_upper() == 1_001
+
+
+def test_truncate_retracts_what_the_table_held(spark, pg_cluster, tmp_path):
+    with fresh_database(pg_cluster, TABLE, fill(50)) as dsn:
+        config = write_sources_config(tmp_path, ("acct", "postgres", {"dsn": dsn, "slot": "s_tr", "tables": ["acct"]}),
+                                      retention_ms=10**9)
+        pipeline.run_once("acct", config, spark, now=1_000)
+        before = table_now(dsn)
+        with psycopg.connect(dsn) as c:  # one transaction: a change, the TRUNCATE, a row after it
+            c.execute("UPDATE acct SET bal = 0 WHERE id = 1")
+            c.execute("TRUNCATE acct")
+            c.execute("INSERT INTO acct (id, bal, owner) VALUES (7, 7, 'after')")
+        pipeline.run_once("acct", config, spark, now=2_000)
+        assert as_of(spark, config, 2_000) == table_now(dsn) and len(table_now(dsn)) == 1
+        with psycopg.connect(dsn) as c:  # and alone, twice in a window
+            c.execute("TRUNCATE acct")
+        with psycopg.connect(dsn) as c:
+            c.execute("INSERT INTO acct (id) VALUES (8)")
+        with psycopg.connect(dsn) as c:
+            c.execute("TRUNCATE acct")
+        pipeline.run_once("acct", config, spark, now=3_000)
+        assert as_of(spark, config, 3_000) == Counter() == table_now(dsn)
+        assert as_of(spark, config, 1_000) == before and len(before) == 50
+        with pipeline.open_source("acct", config, connect=False) as ctx:
+            ops = Counter(r["op"] for r in ctx.tables.read_reclocked_arrow().to_pylist())
+        assert ops["truncate"] == 50 + 1 + 1  # the retractions (the markers are gone)

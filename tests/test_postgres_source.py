@@ -170,11 +170,15 @@ def test_missing_old_row_is_a_clear_error(dsn):
         src.close()
 
 
-def test_truncate_is_a_clear_error(dsn, source):
+def test_truncate_is_a_marker_per_table(dsn, source):
+    """TRUNCATE has no row diffs: one marker per table, in its transaction's order (reclock.truncate expands it)."""
     txn(dsn, "INSERT INTO items (id) VALUES (1)")
-    txn(dsn, "TRUNCATE items")
-    with pytest.raises(SourceError, match="TRUNCATE"):
-        read(source)
+    txn(dsn, "INSERT INTO items (id) VALUES (2)", "TRUNCATE items", "INSERT INTO items (id) VALUES (3)")
+    records = read(source)
+    assert [(d["op"], d["seq"], diff) for d, _, diff in records] == [
+        ("insert", 0, 1), ("insert", 0, 1), ("truncate", 1, 0), ("insert", 2, 1)]
+    assert records[2][0]["table"] == "public.items" and records[2][0]["row"] is None
+    assert len({o for _, o, _ in records[1:]}) == 1
 
 
 def test_commit_advances_slot_and_releases_data(dsn, source, pg_cluster):

@@ -157,7 +157,8 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
 
 def read_bound(ctx: SourceContext, ranges, spark=None):
     """Spark DataFrame of the records in bound ``ranges``: landed partitions from the warehouse
-    (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`)."""
+    (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`);
+    a source's TRUNCATE markers become retractions of what the table held (:mod:`reclock.truncate`)."""
     from .spark_source import read_ranges
 
     spark = spark or ctx.spark
@@ -168,6 +169,12 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     if here:
         df = ctx.tables.read_landed(here, spark) if df is None else \
             df.unionByName(ctx.tables.read_landed(here, spark))
+    if getattr(ctx.source, "truncates", False) and ranges:  # TRUNCATE markers: retract what the table held
+        from .truncate import expand_truncates
+
+        start = min(r[0] for r in ranges)
+        before = ctx.tables.read_reclocked_spark(spark).where(f"into_time < {int(start)}")
+        df = expand_truncates(df.localCheckpoint(eager=True), before)
     return df
 
 

@@ -30,7 +30,8 @@ offsets ``< F``.
   ``start <= commit_lsn < end``, in commit order.  Inserts are ``+1`` of the new row, deletes
   ``-1`` of the old row, updates both; old rows need ``REPLICA IDENTITY FULL`` (set on the
   tables when this source creates the publication from ``tables``), else reads fail loudly.
-  A TRUNCATE in range fails loudly too: it has no row-level diffs.
+  A TRUNCATE yields one marker per table (``op = "truncate"``, no row, diff 0) that staging
+  replaces by the retraction of every row the table held then (:mod:`reclock.truncate`).
 * ``commit`` advances the slot (``pg_replication_slot_advance``) so Postgres may recycle WAL;
   ``committed`` is the slot's ``confirmed_flush_lsn``; reading below it is an error.
 * ``upper`` is argued in :meth:`PostgresSource.upper`.
@@ -128,6 +129,8 @@ class PostgresSource:
     #: One Spark read task: 256 heap blocks (2 MB) of a snapshot partition, or 16 MB of WAL (each task
     #: decodes the slot from its committed position, so fewer, larger change ranges cost less).
     max_task_offsets = 256 << _TID_SHIFT
+    #: Yields TRUNCATE markers (reclock.truncate): what reads them must expand them.
+    truncates = True
 
     def __init__(self, dsn: str, slot: str, publication: str | None = None, tables: Sequence[str] = (),
                  create_slot: bool = True, busy_timeout_s: float = 10.0, snapshot: bool = True,
@@ -538,7 +541,9 @@ def _decode(messages: Iterable[bytes], start: int, end: int) -> Iterator[tuple[d
                 new = [o if v is _UNCHANGED else v for v, o in zip(new, old or [None] * len(new))]
                 yield {**base, "row": _row(names, oids, new)}, lsn, +1
             seq += 1
-        elif kind == "T" and txn is not None:
-            raise SourceError(f"TRUNCATE at commit LSN {int_to_lsn(lsn)} cannot be expressed as row diffs; "
-                              "re-create the source from a snapshot")
+        elif kind == "T" and txn is not None:  # a marker per table: reclock.truncate retracts what it held
+            count, _options = r.unpack("i"), r.byte()
+            for relid in [r.unpack("I") for _ in range(count)]:
+                yield {"table": relations[relid][0], "op": "truncate", "row": None, "seq": seq, **txn}, lsn, 0
+                seq += 1
         # 'C' commit, 'O' origin, 'Y' type, 'M' message: nothing to emit
