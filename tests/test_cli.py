@@ -53,6 +53,8 @@ def errors(capsys, argv: list[str]) -> tuple[int, list[str]]:
                                                                                 "99999999999999999999999999 is out"),
     (["backfill", "logs", "--from", "latest", "--to", "5"], "argument --from: 'latest' is neither milliseconds"),
     (["backfill", "logs", "--from", "9", "--to", "5"], "logs: cannot replay IntoTimes [9, 5]: start is after end"),
+    (["backfill", "logs", "--from", "5", "--to", "9"], "logs: cannot replay IntoTimes [5, 9]: not published yet "
+                                                       "(nothing is published)"),
     (["backfill", "nope", "--from", "1", "--to", "2"], "no source named 'nope' (known: logs)"),
     (["tick", "nope"], "no source named 'nope' (known: logs)"),
     (["sink-cdcv2", "nope", "--to", "file:///tmp/x"], "no source named 'nope' (known: logs)"),

@@ -130,6 +130,8 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
 
 def _pin(ctx: SourceContext, since: int, where: str) -> tuple[int, int]:
     """The reclocked table's latest version and its reclocked upper, checked to predate any compaction past ``since``."""
+    if ctx.tables.version("reclocked") < 0:
+        raise BackfillError(f"{where}: not published yet (nothing is published)")
     table = ctx.tables.table("reclocked")
     version, published_upper = table.version(), _app_version(table, RECLOCKED_APP, -1) + 1
     if ctx.tables.since() != since:  # the snapshot may already hold rows of a newer compaction
