@@ -113,6 +113,23 @@ def reclocked_rows(name, config):
     return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
 
 
+def assert_reclocked_is_replay(name, config, spark):
+    """Publish what is bound (one writer), then the reclocked table must equal the engine's single-writer
+    ``reclock()`` of every record upstream under the same remap: nothing lost, nothing counted twice."""
+    from reclock import pipeline
+    from reclock.engine import reclock
+
+    pipeline.stage(name, config, spark)
+    pipeline.check(name, config)
+    pipeline.publish(name, config, spark)
+    with pipeline.open_source(name, config) as ctx:
+        remap = ctx.tables.read_remap()
+        updates = [(d["value"], p, o, diff) for p, upper in ctx.source.upper()
+                   for d, o, diff in ctx.source.read(p, 0, upper)]
+    expected = sorted((d, p, o, t, diff) for d, p, o, t, diff in reclock(updates, remap))
+    assert expected and reclocked_rows(name, config) == expected
+
+
 def run_cli(config, *args, env_extra=None):
     """``reclock --config config *args`` as a process of its own session (kill it with os.killpg)."""
     import subprocess

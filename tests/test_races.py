@@ -18,11 +18,11 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import reclocked_rows, run_cli, write_config
+from conftest import assert_reclocked_is_replay, run_cli, write_config
 
 from devtools.kafka_broker import produce
 from reclock import pipeline
-from reclock.engine import Frontier, reclock
+from reclock.engine import Frontier
 from reclock.warehouse import ConcurrentWriteError, SourceTables
 
 pytestmark = pytest.mark.slow
@@ -57,19 +57,6 @@ def produce_round(kafka_broker: str, topic: str, round_: int) -> None:
     produce(kafka_broker, topic, [(f"k{i}", f"r{round_}-{i}", (round_ + i) % 2) for i in range(3 + round_ % 4)])
 
 
-def assert_published_equals_replay(config: str, spark) -> None:
-    """Publish what is bound (one writer), and compare with the engine's reclock() of every record."""
-    pipeline.stage("orders", config, spark)
-    pipeline.check("orders", config)
-    pipeline.publish("orders", config, spark)
-    with pipeline.open_source("orders", config) as ctx:
-        remap = ctx.tables.read_remap()
-        updates = [(d["value"], p, o, diff) for p, upper in ctx.source.upper()
-                   for d, o, diff in ctx.source.read(p, 0, upper)]
-    expected = sorted((d, p, o, t, diff) for d, p, o, t, diff in reclock(updates, remap))
-    assert expected and reclocked_rows("orders", config) == expected
-
-
 def test_racing_tick_threads_count_nothing_twice(kafka_broker, spark, source, monkeypatch):
     topic, config = source
     rows = SourceTables._remap_rows
@@ -102,7 +89,7 @@ def test_racing_tick_threads_count_nothing_twice(kafka_broker, spark, source, mo
         lost += len(failures)
         assert_sound(config)
     assert lost < ROUNDS * TICKERS  # most ticks commit (or find their tick already stored)
-    assert_published_equals_replay(config, spark)
+    assert_reclocked_is_replay("orders", config, spark)
 
 
 def test_racing_tick_processes_count_nothing_twice(kafka_broker, spark, source):
@@ -115,7 +102,7 @@ def test_racing_tick_processes_count_nothing_twice(kafka_broker, spark, source):
             assert code == 0 or "another" in output, output[-2000:]
         assert any(code == 0 for code, _ in outputs)
         assert_sound(config)
-    assert_published_equals_replay(config, spark)
+    assert_reclocked_is_replay("orders", config, spark)
 
 
 def test_a_clock_stepped_back_binds_at_the_upper(kafka_broker, spark, source, monkeypatch, caplog):
@@ -130,4 +117,4 @@ def test_a_clock_stepped_back_binds_at_the_upper(kafka_broker, spark, source, mo
         assert pipeline.tick("orders", config, spark=spark)["into_time"] == 50_001
     assert "the wall clock 20000 is behind the remap upper 50001" in caplog.text
     assert_sound(config)
-    assert_published_equals_replay(config, spark)
+    assert_reclocked_is_replay("orders", config, spark)

@@ -76,7 +76,8 @@ class CheckReport:
 
 def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int, Frontier] | None = None
                 ) -> CheckReport:
-    """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier.
+    """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier
+    (rows at or before it count as one binding at ``since``, as compaction folds them).
 
     ``upstreams``: the upstream's upper each tick recorded with its binding (``{into_time: frontier}``);
     a partition's bound offset (the sum of its increments up to a binding) must not exceed it, which an
@@ -85,6 +86,11 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int
     import great_expectations.expectations as gxe
 
     df = remap_rows[["partition", "into_time", "increment"]].copy()
+    # Rows at or before since are read at since, as compaction folds them (it records since first, then
+    # rewrites remap): a compaction killed in between leaves them so, and the next one finishes it.
+    # Negative times stay as they are (none is valid).
+    folded = df["into_time"].between(0, since, inclusive="left")
+    df["into_time"] = df["into_time"].mask(folded, since)
     if not pd.api.types.is_integer_dtype(df["increment"]):  # big increments (reclock.offsets): exact Python ints
         df["increment"] = pd.Series([None if v is None else offsets.from_storage(v) for v in df["increment"]],
                                     index=df.index, dtype=object)

@@ -17,6 +17,7 @@ from .config import SourceConfig, load_config
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
+from .faults import kill_point
 from .offsets import offset_type_of
 from .sources import build_source, source_class
 from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
@@ -408,6 +409,11 @@ def _consumers_progress(name: str, config_path: str | None) -> list[int]:
 
 def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None) -> dict:
     """Every step in order, in this process (what the DAG does, without Airflow)."""
-    return {"tick": tick(name, config_path, now, spark), "stage": stage(name, config_path, spark),
-            "check": check(name, config_path), "publish": publish(name, config_path, spark),
-            "resume": resume(name, config_path), "compact": compact(name, config_path, now, spark)}
+    steps = {"tick": lambda: tick(name, config_path, now, spark), "stage": lambda: stage(name, config_path, spark),
+             "check": lambda: check(name, config_path, spark), "publish": lambda: publish(name, config_path, spark),
+             "resume": lambda: resume(name, config_path), "compact": lambda: compact(name, config_path, now, spark)}
+    done = {}
+    for step, run in steps.items():
+        done[step] = run()
+        kill_point(f"after-{step}")  # a crash point of the fault test (inert unless RECLOCK_KILL_AT names it)
+    return done

@@ -56,6 +56,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from . import offsets
 from .engine import Frontier, Increment, Remap
+from .faults import commit_point
 from .spark_session import spark_schema
 
 log = logging.getLogger("reclock")
@@ -183,8 +184,11 @@ def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: i
 
 def _save(writer, uri: str, app_id: str, version: int) -> None:
     with _conflicts_as(f"{uri}: another writer committed since this step read the table (committing "
-                       f"{app_id} = {version}); nothing written"):
+                       f"{app_id} = {version}); nothing written"), commit_point(_COMMITS.get(app_id, app_id), uri):
         writer.save(_spark_uri(uri))
+
+
+_COMMITS = {REMAP_APP: "tick", RECLOCKED_APP: "publish", SINCE_APP: "compact"}  # the fault test's names
 
 
 @contextmanager
@@ -676,8 +680,9 @@ class SourceTables:
         if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
-        (self._frame("remap", rows).write.format("delta").mode("overwrite")
-         .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
+        with commit_point("compact-remap", self.table_uri("remap")):
+            (self._frame("remap", rows).write.format("delta").mode("overwrite")
+             .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
         return True
 
     def _consolidate_reclocked(self, since: int) -> bool:
@@ -694,8 +699,9 @@ class SourceTables:
                         .withColumn("into_time", F.lit(since).cast("long")))
         if stats["lo"] == since and consolidated.count() == stats["n"]:
             return False
-        (consolidated.select(*self.schemas["reclocked"].names).write.format("delta").mode("overwrite")
-         .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
+        with commit_point("compact-reclocked", self.table_uri("reclocked")):
+            (consolidated.select(*self.schemas["reclocked"].names).write.format("delta").mode("overwrite")
+             .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
         return True
 
 
