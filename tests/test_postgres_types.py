@@ -38,8 +38,8 @@ def typed(spark, config, t, sql):
 
 def test_typed_columns_as_of_with_updates_and_deletes_of_existing_rows(spark, pg_cluster, tmp_path):
     with fresh_database(pg_cluster, *ACCT) as dsn:
-        config = write_sources_config(tmp_path, ("bank", "postgres", {"dsn": dsn, "slot": "s_bank", "tables": ["acct"]}),
-                                      retention_ms=10**9)
+        options = {"dsn": dsn, "slot": "s_bank", "tables": ["acct"]}
+        config = write_sources_config(tmp_path, ("bank", "postgres", options), retention_ms=10**9)
         pipeline.run_once("bank", config, spark, now=1_000)  # rows 1-3 from the initial snapshot
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("UPDATE acct SET bal = 11.75, note = NULL WHERE id = 1")  # big unchanged: TOASTed, not resent
@@ -68,7 +68,8 @@ def test_typed_columns_as_of_with_updates_and_deletes_of_existing_rows(spark, pg
         later = typed(spark, config, 2_000, "SELECT id, bal, note, big, ok, tags, raw, at FROM bank_acct")
         assert set(later) == {1, 3, 4}
         assert later[1] == {"id": 1, "bal": Decimal("11.75"), "note": None, "big": "t" * 30000, "ok": True,
-                            "tags": ["a", None, "b c"], "raw": b"\x00\xff", "at": dt.datetime(2026, 1, 2, 1, 4, 5, 500000)}
+                            "tags": ["a", None, "b c"], "raw": b"\x00\xff",
+                            "at": dt.datetime(2026, 1, 2, 1, 4, 5, 500000)}
         assert (later[3]["ok"], later[3]["tags"]) == (True, ["z"])
         assert later[4] == {"id": 4, "bal": Decimal("4.00"), "note": None, "big": None, "ok": None, "tags": None,
                             "raw": b"\n", "at": dt.datetime(2026, 11, 25)}
@@ -78,7 +79,7 @@ def test_typed_columns_as_of_with_updates_and_deletes_of_existing_rows(spark, pg
         assert {json.loads(r["row"])["id"] for r in spark.table("bank").collect()} == {1, 3, 4}
 
 
-def test_added_column_is_followed_and_a_dropped_one_stops_the_source(spark, pg_cluster, tmp_path):
+def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(spark, pg_cluster, tmp_path):
     with fresh_database(pg_cluster, "CREATE TABLE t (id int PRIMARY KEY, v text)",
                         "INSERT INTO t VALUES (1, 'a'), (2, 'b')") as dsn:
         config = write_sources_config(tmp_path, ("src", "postgres", {"dsn": dsn, "slot": "s_t", "tables": ["t"]}),
@@ -96,6 +97,8 @@ def test_added_column_is_followed_and_a_dropped_one_stops_the_source(spark, pg_c
         assert dict(spark.table("src_t").dtypes)["extra"] == "int"
 
         with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("ALTER TABLE t ADD COLUMN filled int DEFAULT 1")  # rows 1-3 now hold 1: no change says so
+            c.execute("UPDATE t SET v = 'b2' WHERE id = 2")
             c.execute("ALTER TABLE t DROP COLUMN extra")
             lsn = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
             c.execute("UPDATE t SET v = 'c2' WHERE id = 3")
@@ -104,7 +107,8 @@ def test_added_column_is_followed_and_a_dropped_one_stops_the_source(spark, pg_c
             pipeline.stage("src", config, spark)
         message = str(refused.value)
         assert message.startswith("src (") and "public.t: column 'extra' was dropped at commit LSN" in message, message
-        at = message.split("commit LSN ")[1].split(":")[0]
+        assert "public.t: column 'filled' was added at commit LSN" in message and "with a default" in message
+        at = message.split("was dropped at commit LSN ")[1].split(":")[0]
         assert lsn_to_int(at) >= lsn_to_int(lsn), (at, lsn)
         assert "nothing staged" in message and "new source" in message and "replication slot" in message
         with pipeline.open_source("src", config, connect=False) as ctx:

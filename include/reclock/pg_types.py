@@ -36,9 +36,10 @@ array of a type of ``ELEMENTS``            ``array<element type>``     each elem
 =========================================  ==========================  ===========================================
 
 **Schema changes** (:func:`column_changes`), between a table's columns before and after a change: a
-column added is followed (earlier rows read NULL for it); a column dropped, or retyped (another type
-OID, or another typmod except for varchar, whose text a length change cannot alter) cannot be
-followed: rows stored before would no longer be retracted exactly.
+column added is followed (earlier rows read NULL for it), unless its default filled the rows already
+there (the source's ``filled_columns``: no change in the WAL says so); a column dropped, or retyped
+(another type OID, or another typmod except for varchar, whose text a length change cannot alter)
+cannot be followed: rows stored before would no longer be retracted exactly.
 """
 from __future__ import annotations
 
@@ -242,21 +243,24 @@ def column_changes(before: Sequence[Column], after: Sequence[Column]) -> tuple[l
     return [c.name for c in after if c.name not in old], problems
 
 
-def schema_problems(history: Iterable[tuple[str, str, str]]) -> list[str]:
-    """The changes that cannot be followed in ``history``: ``(table, where, columns text)`` in stream order,
-    each table's latest published columns first (:func:`column_history`)."""
+def schema_changes(history: Iterable[tuple[str, str, str]]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """``(columns added as (table, column, where), the changes that cannot be followed)`` in ``history``:
+    ``(table, where, columns text)`` in stream order, each table's latest published columns first
+    (:func:`column_history`)."""
     last: dict[str, list[Column]] = {}
-    problems = []
+    added, problems = [], []
     for table, where, text in history:
         columns = parse_columns(text)
         if table in last:
-            problems += [f"{table}: {p} at {where}" for p in column_changes(last[table], columns)[1]]
+            new, found = column_changes(last[table], columns)
+            added += [(table, c, where) for c in new]
+            problems += [f"{table}: {p} at {where}" for p in found]
         last[table] = columns
-    return problems
+    return added, problems
 
 
 def column_history(batch, before, where, column: str = "columns") -> list[tuple[str, str, str]]:
-    """For :func:`schema_problems`: each table's latest columns in ``before`` (published records), then each
+    """For :func:`schema_changes`: each table's latest columns in ``before`` (published records), then each
     distinct columns of ``batch`` at its first record, in stream order (snapshot partitions first, then commit
     LSN and ``seq``); ``where`` is a Spark Column naming a record's position (e.g. its commit LSN)."""
     from pyspark.sql import functions as F

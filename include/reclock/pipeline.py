@@ -185,15 +185,21 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
 
 def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None:
     """Refuse a batch in which a table's columns changed in a way its stored rows cannot follow (a column
-    dropped or retyped: :func:`reclock.pg_types.column_changes`), naming the source, table, column and where."""
+    dropped or retyped: :func:`reclock.pg_types.column_changes`; or added with a default that filled the rows
+    already there, as the source's ``filled_columns`` says), naming the source, table, column and where."""
     from pyspark.sql import functions as F
 
-    from .pg_types import column_history, schema_problems
+    from .pg_types import column_history, schema_changes
 
     label = getattr(ctx.source, "spark_offset_label", None)
     where = F.when(F.col("partition") != "", F.concat(F.lit("the initial snapshot "), F.col("partition"))) \
         .otherwise(label() if label else F.col("offset").cast("string"))
-    problems = schema_problems(column_history(batch, before, where, column))
+    added, problems = schema_changes(column_history(batch, before, where, column))
+    filled = getattr(ctx.source, "filled_columns", None)
+    for table, name, at in added:
+        if filled and filled(table, [name]):
+            problems.append(f"{table}: column {name!r} was added at {at} with a default that filled the rows already "
+                            "there (Postgres wrote no change of them)")
     if problems:
         raise SourceError(f"{ctx.config.name} ({ctx.source!r}): {'; '.join(problems)}: rows stored before the "
                           "change would no longer be retracted exactly, so the source stops here; nothing staged. "

@@ -17,6 +17,7 @@ SNAPSHOT``), while the exporting connection stays open; the rows are landed in t
 pipeline does that) and read from there afterwards, since the snapshot dies with its connection.
 Snapshot rows are ``op = "snapshot"``, ``+1``, in the same row text as the changes (each column's
 output function text, as pgoutput sends it), so a later update or delete retracts them exactly.
+With ``snapshot=False`` the source carries only the changes after its slot was created.
 
 Rows and columns (:mod:`reclock.pg_types`): ``row`` is the JSON of the row's non-NULL columns, and
 ``columns`` the table's columns ``[[name, type OID, typmod], ...]`` for that record: pgoutput's Relation
@@ -24,7 +25,6 @@ message (sent before a relation's first change in each decoding, and again after
 the catalog under the snapshot.  Every connection pins the settings the output text depends on
 (:data:`SESSION`).  An update's unchanged TOASTed column (pgoutput ``'u'``) takes the old row's value:
 with ``REPLICA IDENTITY FULL`` Postgres logs the old row with its TOASTed values inline.
-With ``snapshot=False`` the source carries only the changes after its slot was created.
 
 Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (psycopg 3, no
 replication connection, no server extension).  pgoutput is chosen over wal2json/test_decoding
@@ -324,8 +324,8 @@ class PostgresSource:
         schema, _, name = table.partition(".")
         with self._snapshot_transaction(self._exported["name"]) as cur:
             columns = cur.execute(
-                "SELECT attname, atttypid::int, atttypmod FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
-                " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                "SELECT attname, atttypid::int, atttypmod FROM pg_attribute WHERE attrelid = %s::regclass"
+                " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                 (sql.Identifier(schema, name).as_string(cur.connection),)).fetchall()
             names, oids, described = [c[0] for c in columns], [c[1] for c in columns], columns_json(columns)
             for oid in set(oids):  # each column as its output function's text, as pgoutput sends it
@@ -339,6 +339,16 @@ class PostgresSource:
                     yield ({"table": table, "op": "snapshot", "row": row_json(names, oids, values),
                             "columns": described, "xid": None, "seq": 0, "commit_time": None},
                            int(block) << _TID_SHIFT | int(line), +1)
+
+    def filled_columns(self, table: str, columns: Sequence[str]) -> list[str]:
+        """Of ``columns`` of ``table`` (``schema.name``), those added with a default that filled the rows already
+        there: Postgres keeps that value in the catalog (``atthasmissing``) and writes no change of the rows.
+        (A volatile default rewrites the table instead, also without changes: not seen here.)"""
+        schema, _, name = table.partition(".")
+        rows = self._sql("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s)"
+                         " AND atthasmissing AND NOT attisdropped ORDER BY attnum",
+                         (sql.Identifier(schema, name).as_string(self._connection()), list(columns)))
+        return [r[0] for r in rows]
 
     def _dropped(self) -> SourceError:
         if self.snapshot and not self._upper:  # this process never saw the slot
@@ -497,8 +507,7 @@ class _Reader:
 
 def _session(conn: "psycopg.Connection") -> "psycopg.Connection":
     """``conn`` with the :data:`SESSION` settings (the row text depends on them)."""
-    for name, value in SESSION:
-        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    conn.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(SESSION)), [v for kv in SESSION for v in kv])
     if not conn.autocommit:
         conn.commit()
     return conn
