@@ -201,8 +201,9 @@ def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None
             problems.append(f"{table}: column {name!r} was added at {at} with a default that filled the rows already "
                             "there (Postgres wrote no change of them)")
     if problems:
-        raise SourceError(f"{ctx.config.name} ({ctx.source!r}): {'; '.join(problems)}: rows stored before the "
-                          "change would no longer be retracted exactly, so the source stops here; nothing staged. "
+        raise SourceError(f"{ctx.config.name} ({ctx.source!r}): {'; '.join(problems)}: the stored rows cannot follow "
+                          "this (a row stored before would no longer be retracted exactly, or would lack the value), so "
+                          "the source stops here; nothing staged. "
                           f"{SCHEMA_HELP}")
 
 
