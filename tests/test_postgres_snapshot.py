@@ -36,11 +36,13 @@ def fill(rows: int) -> str:
 
 
 def table_now(dsn) -> Counter:
-    """``SELECT *`` of acct, each row as the AS OF view's row decodes (numeric, arrays, times as Postgres prints)."""
+    """``SELECT *`` of acct, each row as the AS OF view's row decodes (numeric and times as Postgres prints them
+    in UTC, arrays as lists)."""
     with psycopg.connect(dsn) as c:
-        rows = c.execute("SELECT id, bal::text, owner, ok, doc::text, tags::text, at::text, note FROM acct").fetchall()
-    return Counter((i, bal, owner, ok, canonical(None if doc is None else json.loads(doc)), tags, at, note)
-                   for i, bal, owner, ok, doc, tags, at, note in rows)
+        c.execute("SET TimeZone = 'UTC'")
+        rows = c.execute("SELECT id, bal::text, owner, ok, doc::text, tags, at::text, note FROM acct").fetchall()
+    return Counter((i, bal, owner, ok, canonical(None if doc is None else json.loads(doc)),
+                    None if tags is None else tuple(tags), at, note) for i, bal, owner, ok, doc, tags, at, note in rows)
 
 
 def canonical(doc) -> str:
@@ -52,9 +54,10 @@ def as_of(spark, config, t) -> Counter:
     out = Counter()
     for r in spark.table("acct").collect():
         assert r["table"] == "public.acct"
-        v = json.loads(r["row"])
-        out[(v["id"], v["bal"], v["owner"], v["ok"], canonical(v["doc"]), v["tags"], v["at"],
-             v["note"])] += 1
+        v = json.loads(r["row"])  # a NULL column is a missing key
+        tags = v.get("tags")
+        out[(v["id"], v.get("bal"), v.get("owner"), v.get("ok"), canonical(v.get("doc")),
+             None if tags is None else tuple(tags), v.get("at"), v.get("note"))] += 1
     return out
 
 

@@ -146,14 +146,37 @@ def test_insert_update_delete_diffs_and_row_json(dsn, source):
     records = read(source)
     rows = [(d["op"], json.loads(d["row"]), diff) for d, _, diff in records]
     a = {"id": 1, "name": "a", "qty": "1.50", "flag": True, "doc": {"k": [1, 2]}, "big": big}
-    b = {**a, "name": "b", "flag": None}
+    b = {k: v for k, v in {**a, "name": "b"}.items() if k != "flag"}  # a NULL is a missing key
     assert rows == [("insert", a, 1), ("update", a, -1), ("update", b, 1), ("delete", b, -1)]
+    assert {d["columns"] for d, _, _ in records} == {json.dumps(  # the relation's (name, type OID, typmod)
+        [["id", 23, -1], ["name", 25, -1], ["qty", 1700, -1], ["flag", 16, -1], ["doc", 3802, -1],
+         ["big", 25, -1]], separators=(",", ":"))}
     totals = Counter()
     for d, _, diff in records:
         totals[d["row"]] += diff
     assert set(totals.values()) == {0}
     assert records[0][0]["table"] == "public.items"
     assert records[0][0]["commit_time"] is not None
+
+
+def test_columns_follow_schema_changes_within_a_read(dsn, source):
+    """pgoutput describes a relation again after its schema changed: each change carries the columns it was
+    decoded with, and the session settings pin the output text of times (UTC, ISO)."""
+    txn(dsn, "INSERT INTO items (id, name) VALUES (1, 'a')")
+    txn(dsn, "ALTER TABLE items ADD COLUMN at timestamptz, ADD COLUMN n numeric(6,2)")
+    txn(dsn, "SET TIME ZONE 'Asia/Kolkata'", "INSERT INTO items (id, at, n) VALUES (2, '2026-01-01 05:30+05:30', 1.5)")
+    txn(dsn, "ALTER TABLE items DROP COLUMN name")
+    txn(dsn, "UPDATE items SET n = 2 WHERE id = 2")
+    records = read(source)
+    names = [[c[0] for c in json.loads(d["columns"])] for d, _, _ in records]
+    assert names[0] == ["id", "name", "qty", "flag", "doc", "big"]
+    assert names[1] == names[0] + ["at", "n"]
+    assert names[2] == names[3] == ["id", "qty", "flag", "doc", "big", "at", "n"]
+    assert json.loads(records[1][0]["columns"])[-1] == ["n", 1700, ((6 << 16) | 2) + 4]
+    assert json.loads(records[1][0]["row"]) == {"id": 2, "at": "2026-01-01 00:00:00+00", "n": "1.50"}
+    txn(dsn, "ALTER TABLE items ADD COLUMN d int DEFAULT 5, ADD COLUMN e int, ADD COLUMN f timestamptz DEFAULT now()")
+    assert source.filled_columns("public.items", ["d", "e", "f", "n"]) == ["d", "f"]  # now() is no volatile default
+    assert source.filled_columns("public.gone", ["d"]) == []
 
 
 def test_missing_old_row_is_a_clear_error(dsn):
@@ -178,6 +201,7 @@ def test_truncate_is_a_marker_per_table(dsn, source):
     assert [(d["op"], d["seq"], diff) for d, _, diff in records] == [
         ("insert", 0, 1), ("insert", 0, 1), ("truncate", 1, 0), ("insert", 2, 1)]
     assert records[2][0]["table"] == "public.items" and records[2][0]["row"] is None
+    assert records[2][0]["columns"] == records[0][0]["columns"]  # its retractions carry the table's columns
     assert len({o for _, o, _ in records[1:]}) == 1
 
 

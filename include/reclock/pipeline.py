@@ -159,7 +159,8 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
 def read_bound(ctx: SourceContext, ranges, spark=None):
     """Spark DataFrame of the records in bound ``ranges``: landed partitions from the warehouse
     (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`);
-    a source's TRUNCATE markers become retractions of what the table held (:mod:`reclock.truncate`)."""
+    a source's TRUNCATE markers become retractions of what the table held (:mod:`reclock.truncate`); a source
+    with ``table_columns`` has its tables' column changes checked (:func:`_check_table_columns`)."""
     from .spark_source import read_ranges
 
     spark = spark or ctx.spark
@@ -170,13 +171,47 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     if here:
         df = ctx.tables.read_landed(here, spark) if df is None else \
             df.unionByName(ctx.tables.read_landed(here, spark))
-    if getattr(ctx.source, "truncates", False) and ranges:  # TRUNCATE markers: retract what the table held
+    truncates, column = getattr(ctx.source, "truncates", False), getattr(ctx.source, "table_columns", None)
+    if not ranges or not (truncates or column):
+        return df
+    before = ctx.tables.read_reclocked_spark(spark).where(f"into_time < {int(min(r[0] for r in ranges))}")
+    if truncates:  # TRUNCATE markers: retract what the table held
         from .truncate import expand_truncates
 
-        start = min(r[0] for r in ranges)
-        before = ctx.tables.read_reclocked_spark(spark).where(f"into_time < {int(start)}")
         df = expand_truncates(df.localCheckpoint(eager=True), before)
+    if column:  # a table's columns changed: follow an added column, refuse what cannot be followed
+        _check_table_columns(ctx, df, before, column)
     return df
+
+
+def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None:
+    """Refuse a batch in which a table's columns changed in a way its stored rows cannot follow (a column
+    dropped or retyped: :func:`reclock.pg_types.column_changes`; or added with a default that filled the rows
+    already there, as the source's ``filled_columns`` says), naming the source, table, column and where."""
+    from pyspark.sql import functions as F
+
+    from .pg_types import column_history, schema_changes
+
+    label = getattr(ctx.source, "spark_offset_label", None)
+    where = F.when(F.col("partition") != "", F.concat(F.lit("the initial snapshot "), F.col("partition"))) \
+        .otherwise(label() if label else F.col("offset").cast("string"))
+    added, problems = schema_changes(column_history(batch, before, where, column))
+    filled = getattr(ctx.source, "filled_columns", None)
+    for table, name, at in added:
+        if filled and filled(table, [name]):
+            problems.append(f"{table}: column {name!r} was added at {at} with a default that filled the rows already "
+                            "there (Postgres wrote no change of them)")
+    if problems:
+        raise SourceError(f"{ctx.config.name} ({ctx.source!r}): {'; '.join(problems)}: the stored rows cannot follow "
+                          "this (a row stored before would no longer be retracted exactly, or would lack the value), so "
+                          "the source stops here; nothing staged. "
+                          f"{SCHEMA_HELP}")
+
+
+SCHEMA_HELP = ("To go on, start the tables over from a fresh snapshot: configure a new source (a new name and slot; "
+               "its first tick copies the tables as they are now), keep this one for AS OF times before the change, "
+               "and drop this source's replication slot so Postgres can recycle its WAL (README: Postgres schema "
+               "changes).")
 
 
 UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 0 again), `reclock new-epoch <source>` "

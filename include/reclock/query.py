@@ -1,7 +1,8 @@
 """``AS OF`` queries over reclocked sources: one consistent IntoTime across every source in a query.
 
 ``register_as_of(spark, t, names)`` makes each source a Spark temp view holding its
-contents at IntoTime ``t`` (and ``<name>_progress`` with its remap), after checking
+contents at IntoTime ``t`` (and ``<name>_progress`` with its remap; for a Postgres source also one typed
+view per table, ``<name>_<table>``: :mod:`reclock.pg_types`), after checking
 that ``t`` is readable for every source: not compacted away (``t >= since``) and
 complete (``t`` below both the remap and the reclocked uppers).
 """
@@ -78,6 +79,8 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
                 raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
             contents = contents.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).drop("_n", "_i")
             contents.createOrReplaceTempView(name)
+            if column := getattr(ctx.source, "table_columns", None):
+                _register_typed(df, contents, name, column)
             # Offsets as the reclocked table stores them (big ones encoded, order-preserving): comparable.
             offset_type = ctx.tables.offset_type
             try:
@@ -89,6 +92,21 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
             spark.createDataFrame(progress, schema).createOrReplaceTempView(f"{name}_progress")
             counts[name] = contents.count()
     return counts
+
+
+def _register_typed(df, contents, name: str, column: str) -> None:
+    """A typed view per upstream table (:func:`reclock.pg_types.view_name`): its rows of ``contents`` with every
+    column the published history knows for it (a column added later reads NULL before)."""
+    from pyspark.sql import functions as F
+
+    from .pg_types import latest_columns, typed_columns, view_name
+
+    seen: dict[str, list[str]] = {}
+    for r in df.where(F.col(column).isNotNull()).select("table", column).distinct().collect():
+        seen.setdefault(r["table"], []).append(r[column])
+    for table, texts in seen.items():
+        rows = contents.where(F.col("table") == table)
+        rows.select(*typed_columns(F.col("row"), latest_columns(texts))).createOrReplaceTempView(view_name(name, table))
 
 
 def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, config_path: str | None = None):

@@ -19,6 +19,13 @@ Snapshot rows are ``op = "snapshot"``, ``+1``, in the same row text as the chang
 output function text, as pgoutput sends it), so a later update or delete retracts them exactly.
 With ``snapshot=False`` the source carries only the changes after its slot was created.
 
+Rows and columns (:mod:`reclock.pg_types`): ``row`` is the JSON of the row's non-NULL columns, and
+``columns`` the table's columns ``[[name, type OID, typmod], ...]`` for that record: pgoutput's Relation
+message (sent before a relation's first change in each decoding, and again after its schema changed), or
+the catalog under the snapshot.  Every connection pins the settings the output text depends on
+(:data:`SESSION`).  An update's unchanged TOASTed column (pgoutput ``'u'``) takes the old row's value:
+with ``REPLICA IDENTITY FULL`` Postgres logs the old row with its TOASTed values inline.
+
 Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (psycopg 3, no
 replication connection, no server extension).  pgoutput is chosen over wal2json/test_decoding
 because its Begin message carries exactly the commit LSN (the others expose only the end of
@@ -38,8 +45,6 @@ offsets ``< F``.
 """
 from __future__ import annotations
 
-import json
-import math
 import re
 import struct
 import time
@@ -50,6 +55,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
+from ..pg_types import columns_json, row_json
 from .base import SourceError
 
 try:
@@ -63,7 +69,10 @@ _TID_SHIFT = 16  # a ctid (block, line) as an offset: block << 16 | line (a heap
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _UNCHANGED = object()  # pgoutput 'u': an unchanged TOASTed value, not sent again
-_INTS, _FLOATS, _JSONS = {20, 21, 23, 26}, {700, 701}, {114, 3802}
+#: Session settings of every connection: the output text of dates, times and bytea depends on them, and a
+#: stored row must be the same text whichever connection decoded or copied it (reclock.pg_types).
+SESSION = (("DateStyle", "ISO, MDY"), ("TimeZone", "UTC"), ("IntervalStyle", "postgres"),
+           ("bytea_output", "hex"), ("extra_float_digits", "1"))
 
 
 def lsn_to_int(lsn: str) -> int:
@@ -119,7 +128,8 @@ class PostgresSource:
     data_schema = pa.schema([
         pa.field("table", pa.string()),        # "schema.table"
         pa.field("op", pa.string()),           # insert / update / delete / snapshot
-        pa.field("row", pa.string()),          # JSON object of the row's columns
+        pa.field("row", pa.string()),          # JSON object of the row's non-NULL columns
+        pa.field("columns", pa.string()),      # the table's columns: [[name, type OID, typmod], ...]
         pa.field("xid", pa.int64()),
         pa.field("seq", pa.int32()),           # index of the change within its transaction
         pa.field("commit_time", pa.timestamp("us", tz="UTC")),
@@ -131,6 +141,9 @@ class PostgresSource:
     max_task_offsets = 256 << _TID_SHIFT
     #: Yields TRUNCATE markers (reclock.truncate): what reads them must expand them.
     truncates = True
+    #: The data column holding each record's table columns: staging refuses a change it cannot follow and
+    #: AS OF queries get a typed view per table (reclock.pg_types).
+    table_columns = "columns"
 
     def __init__(self, dsn: str, slot: str, publication: str | None = None, tables: Sequence[str] = (),
                  create_slot: bool = True, busy_timeout_s: float = 10.0, snapshot: bool = True,
@@ -173,7 +186,7 @@ class PostgresSource:
     def _connection(self) -> "psycopg.Connection":
         if self._conn is None or self._conn.closed:
             try:
-                self._conn = psycopg.connect(self._dsn, autocommit=True)
+                self._conn = _session(psycopg.connect(self._dsn, autocommit=True))
             except psycopg.Error as e:
                 raise SourceError(f"cannot connect to postgres: {e}") from e
         return self._conn
@@ -294,7 +307,7 @@ class PostgresSource:
     def _snapshot_transaction(self, name: str) -> Iterator["psycopg.Cursor"]:
         """A cursor in a read-only transaction that sees the exported snapshot ``name``."""
         try:
-            with psycopg.connect(self._dsn) as conn:
+            with _session(psycopg.connect(self._dsn)) as conn:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
                 yield conn.cursor()
@@ -311,10 +324,10 @@ class PostgresSource:
         schema, _, name = table.partition(".")
         with self._snapshot_transaction(self._exported["name"]) as cur:
             columns = cur.execute(
-                "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
-                " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                "SELECT attname, atttypid::int, atttypmod FROM pg_attribute WHERE attrelid = %s::regclass"
+                " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                 (sql.Identifier(schema, name).as_string(cur.connection),)).fetchall()
-            names, oids = [c[0] for c in columns], [c[1] for c in columns]
+            names, oids, described = [c[0] for c in columns], [c[1] for c in columns], columns_json(columns)
             for oid in set(oids):  # each column as its output function's text, as pgoutput sends it
                 cur.adapters.register_loader(oid, _OutputText)
             cur.execute(sql.SQL("SELECT ctid::text, {} FROM {} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
@@ -323,8 +336,19 @@ class PostgresSource:
             while batch := cur.fetchmany(2000):
                 for ctid, *values in batch:
                     block, _, line = ctid[1:-1].partition(",")
-                    yield ({"table": table, "op": "snapshot", "row": _row(names, oids, values), "xid": None,
-                            "seq": 0, "commit_time": None}, int(block) << _TID_SHIFT | int(line), +1)
+                    yield ({"table": table, "op": "snapshot", "row": row_json(names, oids, values),
+                            "columns": described, "xid": None, "seq": 0, "commit_time": None},
+                           int(block) << _TID_SHIFT | int(line), +1)
+
+    def filled_columns(self, table: str, columns: Sequence[str]) -> list[str]:
+        """Of ``columns`` of ``table`` (``schema.name``), those added with a default that filled the rows already
+        there: Postgres keeps that value in the catalog (``atthasmissing``) and writes no change of the rows.
+        (A volatile default rewrites the table instead, also without changes: not seen here.)"""
+        schema, _, name = table.partition(".")
+        rows = self._sql("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = ANY(%s)"
+                         " AND atthasmissing AND NOT attisdropped ORDER BY attnum",
+                         (sql.Identifier(schema, name).as_string(self._connection()), list(columns)))
+        return [r[0] for r in rows]
 
     def _dropped(self) -> SourceError:
         if self.snapshot and not self._upper:  # this process never saw the slot
@@ -481,29 +505,17 @@ class _Reader:
         return values
 
 
-def _value(text: Any, oid: int) -> Any:
-    """A column's text form as JSON: ints, floats, bools and json natively, everything else text."""
-    if text is None:
-        return None
-    if oid == 16:
-        return text == "t"
-    if oid in _INTS:
-        return int(text)
-    if oid in _FLOATS:
-        value = float(text)
-        return value if math.isfinite(value) else text
-    if oid in _JSONS:
-        return json.loads(text)
-    return text  # numeric stays text to keep its precision
-
-
-def _row(names: list[str], oids: list[int], values: list[Any]) -> str:
-    return json.dumps({n: _value(v, o) for n, o, v in zip(names, oids, values)}, separators=(",", ":"),
-                      ensure_ascii=False)
+def _session(conn: "psycopg.Connection") -> "psycopg.Connection":
+    """``conn`` with the :data:`SESSION` settings (the row text depends on them)."""
+    conn.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(SESSION)), [v for kv in SESSION for v in kv])
+    if not conn.autocommit:
+        conn.commit()
+    return conn
 
 
 def _decode(messages: Iterable[bytes], start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
-    relations: dict[int, tuple[str, str, list[str], list[int]]] = {}  # relid -> (name, identity, cols, oids)
+    relations: dict[int, tuple[str, str, list[str], list[int], str]] = {}  # relid -> (name, identity, names, oids,
+    # columns JSON)
     txn: dict[str, Any] | None = None
     lsn = seq = 0
     for message in messages:
@@ -520,10 +532,11 @@ def _decode(messages: Iterable[bytes], start: int, end: int) -> Iterator[tuple[d
             cols = []
             for _ in range(r.unpack("h")):
                 r.byte()
-                cols.append((r.string(), r.unpack("Ii")[0]))
-            relations[relid] = (f"{namespace}.{name}", identity, [c[0] for c in cols], [c[1] for c in cols])
+                cols.append((r.string(), *r.unpack("Ii")))
+            relations[relid] = (f"{namespace}.{name}", identity, [c[0] for c in cols], [c[1] for c in cols],
+                                columns_json(cols))
         elif kind in "IUD" and txn is not None:
-            table, identity, names, oids = relations[r.unpack("I")]
+            table, identity, names, oids, described = relations[r.unpack("I")]
             marker, old, new = r.byte(), None, None
             if marker in "KO":
                 old = r.tuple()
@@ -534,16 +547,17 @@ def _decode(messages: Iterable[bytes], start: int, end: int) -> Iterator[tuple[d
             if kind != "I" and (old is None or identity != "f"):
                 raise SourceError(f"{op} in {table} at commit LSN {int_to_lsn(lsn)} lacks the old row: "
                                   f"set ALTER TABLE {table} REPLICA IDENTITY FULL (before the change)")
-            base = {"table": table, "op": op, "seq": seq, **txn}
+            base = {"table": table, "op": op, "columns": described, "seq": seq, **txn}
             if old is not None:
-                yield {**base, "row": _row(names, oids, old)}, lsn, -1
-            if new is not None:
+                yield {**base, "row": row_json(names, oids, old)}, lsn, -1
+            if new is not None:  # an unchanged TOASTed value: the old row's (REPLICA IDENTITY FULL logs it inline)
                 new = [o if v is _UNCHANGED else v for v, o in zip(new, old or [None] * len(new))]
-                yield {**base, "row": _row(names, oids, new)}, lsn, +1
+                yield {**base, "row": row_json(names, oids, new)}, lsn, +1
             seq += 1
         elif kind == "T" and txn is not None:  # a marker per table: reclock.truncate retracts what it held
             count, _options = r.unpack("i"), r.byte()
             for relid in [r.unpack("I") for _ in range(count)]:
-                yield {"table": relations[relid][0], "op": "truncate", "row": None, "seq": seq, **txn}, lsn, 0
+                yield {"table": relations[relid][0], "op": "truncate", "row": None, "columns": relations[relid][4],
+                       "seq": seq, **txn}, lsn, 0
                 seq += 1
         # 'C' commit, 'O' origin, 'Y' type, 'M' message: nothing to emit
