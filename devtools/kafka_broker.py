@@ -324,6 +324,21 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)], operation_timeout=timeout,
         request_timeout=timeout)
     _wait(futures, "create topic", timeout)
+    _wait_for_leaders(admin, topic, partitions, timeout)
+
+
+def _wait_for_leaders(admin, topic: str, partitions: int, timeout: float) -> None:
+    """Until the metadata shows a leader for each of ``topic``'s first ``partitions`` partitions (a created
+    topic's partitions answer NOT_LEADER_FOR_PARTITION until then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        described = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        leaders = {p: m.leader for p, m in (described.partitions if described and not described.error else {}).items()}
+        if all(leaders.get(p, -1) >= 0 for p in range(partitions)):
+            return
+        if time.monotonic() > deadline:
+            raise BrokerError(f"topic {topic}: partitions without a leader after {timeout:.0f}s: {leaders}")
+        time.sleep(0.1)
 
 
 def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 10.0) -> None:
@@ -334,6 +349,7 @@ def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 10.0
     futures = admin.create_partitions([NewPartitions(topic, total)], operation_timeout=timeout,
                                       request_timeout=timeout)
     _wait(futures, "create partitions of", timeout)
+    _wait_for_leaders(admin, topic, total, timeout)
 
 
 def recreate_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float = 30.0) -> None:

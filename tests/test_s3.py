@@ -234,12 +234,12 @@ def test_warehouse_on_s3(s3_endpoint, s3fs_, prefix, s3_spark):
     assert all(f.startswith("s3a://") for f in tables.snapshot_files("reclocked"))
 
     before = tables.read_reclocked_arrow()
-    tables.compact(20)
+    tables.compact(20, retention_hours=0)  # vacuum at once: the replaced files go
     assert tables.since() == 20 and tables.read_remap().since == 20
     after = tables.read_reclocked_arrow()
     assert pc_min(after["into_time"]) == 20
     assert _sums(after) == _sums(before)  # consolidation keeps every (record, offset)'s total diff
-    tables.compact(20)  # idempotent rerun (and vacuum with nothing left to delete)
+    tables.compact(20, retention_hours=0)  # idempotent rerun (and vacuum with nothing left to delete)
     # vacuum removed the files the compaction replaced: only the snapshot's files remain
     live = {u.rsplit("/", 1)[-1] for u in tables.table("reclocked").file_uris()}
     on_s3 = {p.rsplit("/", 1)[-1] for p in s3fs_.find(f"{BUCKET}/{prefix}/warehouse/orders/reclocked")

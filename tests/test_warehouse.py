@@ -245,7 +245,7 @@ def test_compact_preserves_queries_at_or_after_since(history):
     first_files = tables.snapshot_files("reclocked", 1)
     assert first_files and all(os.path.exists(f) for f in first_files)
 
-    tables.compact(25)
+    tables.compact(25, retention_hours=0)  # vacuum at once: the replaced files go
 
     assert tables.since() == 25
     assert tables.read_remap() == remap.compact(25)
@@ -276,7 +276,7 @@ def test_compact_resumes_after_a_crash_after_recording_since(history):
     empty = tables._frame("remap", tables.schemas["remap"].empty_table())
     tables._append("remap", empty, SINCE_APP, 25)  # step 1 only
     assert tables.read_remap() == remap.compact(25)  # readers already see the compacted remap
-    tables.compact(25)
+    tables.compact(25, retention_hours=0)  # vacuum at once: the replaced files go
     assert tables.read_remap() == remap.compact(25)
     after = [tuple(r.values()) for r in tables.read_reclocked_arrow().to_pylist()]
     assert Counter({r[:4]: r[4] for r in after}) == compact_updates(updates, 25)
@@ -330,7 +330,7 @@ def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
     tables, remap, updates = history
     for kind in KINDS:  # checkpoint every other commit, so the reader meets Spark's checkpoints too
         spark.sql(f"ALTER TABLE delta.`{tables.spark_uri(kind)}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
-    tables.compact(25)
+    tables.compact(25, retention_hours=0)  # vacuum at once: the replaced files go
     at_40 = [r for r in tables.read_reclocked_arrow().to_pylist() if r["into_time"] == 40]
     repaired = [{**r, "value": r["value"] + "*"} for r in at_40[1:]]  # one row fewer, the others changed
     replaced_at = tables.version("reclocked")

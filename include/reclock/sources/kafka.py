@@ -40,6 +40,9 @@ CLIENT_LOGGER = "reclock.librdkafka"
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _OFFSET_INVALID = -1001
 _STARTING = ("earliest", "latest")
+#: Errors of a partition whose leader is being elected (KafkaError.NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE):
+#: asked again. The client does not mark them retriable on watermark requests.
+_LEADER_MOVING = (6, 5)
 
 
 class KafkaSource:
@@ -147,14 +150,20 @@ class KafkaSource:
         return sorted(topic.partitions)
 
     def _watermarks(self, consumer, partition: int) -> tuple[int, int]:
+        """``(log start offset, upper)`` of ``partition``; a retriable error (a leader moving, as after a
+        topic's creation or a broker restart) is asked again until ``timeout_s`` has passed."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                       timeout=self.timeout_s)
-        except KafkaException as e:
-            raise self._fail(f"watermark request for partition {partition} failed", e) from e
-        return low, high
+        deadline, pause = time.monotonic() + self.timeout_s, 0.05
+        while True:
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=self.timeout_s)
+            except KafkaException as e:
+                code = e.args[0].code() if e.args and hasattr(e.args[0], "code") else None
+                if code not in _LEADER_MOVING or time.monotonic() + pause > deadline:
+                    raise self._fail(f"watermark request for partition {partition} failed", e) from e
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def upper(self) -> Frontier:
         """Per partition: high watermark (read_uncommitted) or last stable offset (read_committed)."""
