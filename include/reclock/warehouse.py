@@ -711,7 +711,8 @@ class SourceTables:
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
         3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
-        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago.
+        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago, in the
+           dead-letter table too (its rows are all kept).
 
         A read of a version from before the compaction (an AS OF query or a backfill that is still
         running) finds its files for ``retention_hours`` more: :func:`reclock.pipeline.compact` passes
@@ -726,7 +727,8 @@ class SourceTables:
             self._append("remap", self._frame("remap", self.schemas["remap"].empty_table()), SINCE_APP, since)
         self._consolidate_remap(since)
         self._consolidate_reclocked(since)
-        for kind in KINDS:
+        dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
+        for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
             self._optimize(kind)
             self._vacuum(kind, retention_hours)
 
