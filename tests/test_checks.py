@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from reclock.checks import ChecksFailed, check_reclocked, check_remap
+from reclock.checks import ChecksFailed, check_dead_letters, check_reclocked, check_remap
 from reclock.engine import Frontier, Remap, Update, reclock
 
 REMAP = (Remap()
@@ -131,3 +131,32 @@ def test_spark_batch(spark):
     report = check_reclocked(broken, REMAP)
     assert report.failed == ["reclocked.first_covering_binding", "reclocked.within_frontier",
                              "reclocked.diff_non_zero", "reclocked.offsets_unique"], report.summary()
+
+
+def dead_letter_frame(rows) -> pd.DataFrame:
+    return pd.DataFrame([("s", p, o, t, b"k", b"\xff", error) for p, o, t, error in rows],
+                        columns=["source", "partition", "offset", "into_time", "key", "value", "error"])
+
+
+GOOD_DEAD = [(0, 3, 20, "topic 't' partition 0 offset 3: record is not valid utf-8 (undecodable value)"),
+             (1, 2, 30, "topic 't' partition 1 offset 2: record is not valid utf-8 (undecodable key)")]
+
+
+@pytest.mark.parametrize("dead, failing", [
+    (GOOD_DEAD, []),
+    ([], []),  # none: reported as 0
+    (GOOD_DEAD + [(0, 2, 20, "x")], ["dead_letter.first_covering_binding"]),  # offset 2 was bound at 10
+    ([(0, 0, 10, "x")], ["dead_letter.in_window"]),  # before the window
+    ([(1, 2, 30, None)], ["dead_letter.has_error"]),
+    ([(0, 4, 20, "x")], ["dead_letter.not_in_batch"]),  # (0, 4) is in the batch too: counted twice
+], ids=["good", "none", "wrong-binding", "out-of-window", "no-error", "also-in-batch"])
+def test_dead_letters_are_counted_and_checked(dead, failing):
+    """The count is reported (observed) and never fails; a dead letter must be bound like every record, in the
+    window, say why, and not be in the batch as well."""
+    dead_offsets = {(p, o) for p, o, _, _ in GOOD_DEAD}
+    batch = batch_frame([r for r in reclock(UPDATES, REMAP) if r[3] > 10 and (r[1], r[2]) not in dead_offsets])
+    report = check_dead_letters(dead_letter_frame(dead), batch, REMAP, 11)
+    assert report.failed == failing, report.summary()
+    count = next(r for r in report.results if r.name == "dead_letter.count")
+    assert count.success and count.observed == len(dead) and report.rows == len(dead)
+    assert "PASS dead_letter.count: records of the batch that could not be decoded" in report.summary()

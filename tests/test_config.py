@@ -244,6 +244,32 @@ def test_vacuum_retention_is_at_least_the_as_of_window_unless_forced(tmp_path, s
     assert load_config(write(tmp_path, variant(**settings))).source("orders").vacuum_retention_hours == hours
 
 
+@pytest.mark.parametrize("kind, options, on_bad_record, problem", [
+    ("kafka", {}, None, None),  # default: fail
+    ("kafka", {}, "fail", None),
+    ("kafka", {}, "dead_letter", None),
+    ("kafka", {"encoding": "latin-1"}, "dead_letter", None),
+    ("kafka", {"encoding": "ascii"}, "dead_letter", None),
+    ("kafka", {"encoding": "utf-16-le"}, "dead_letter",
+     r"on_bad_record: dead_letter: encoding 'utf-16-le' is read record by record in Python"),
+    ("files", {"url": "/data"}, "dead_letter",
+     r"on_bad_record: dead_letter: kind files stops at a record it cannot decode; only kafka can"),
+    ("files", {"url": "/data"}, "fail", None),
+    ("kafka", {}, "skip", r"\(orders\)\.on_bad_record: must be one of fail, dead_letter, got 'skip'$"),
+])
+def test_on_bad_record_is_fail_or_dead_letter_where_the_kind_can(tmp_path, kind, options, on_bad_record, problem):
+    if kind == "kafka":
+        options = {**GOOD["sources"][0]["options"], **options}
+    path = write(tmp_path, variant(kind=kind, options=options, **({"on_bad_record": on_bad_record} if on_bad_record
+                                                                 else {})))
+    if problem is None:
+        assert load_config(path).source("orders").on_bad_record == (on_bad_record or "fail")
+    else:
+        with pytest.raises(ConfigError, match=rf"sources\[0\] \(orders\)\.{problem}" if problem.startswith("on_")
+                           else problem):
+            load_config(path)
+
+
 def test_options_are_the_constructor_parameters(tmp_path, monkeypatch):
     """A kind's options come from its constructor: a new parameter is an option, with its type and range."""
     monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))

@@ -1,4 +1,4 @@
-"""The Postgres and files sources through the whole pipeline, and a malformed Kafka record.
+"""The Postgres and files sources through the whole pipeline, and malformed Kafka records (fail, dead_letter).
 
 Real Postgres (private cluster), real Spark, real Delta tables and Great Expectations checks;
 every tick at an explicit IntoTime so the expected contents at each time are known exactly.
@@ -14,11 +14,12 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from conftest import write_sources_config
+from conftest import edit_config, write_sources_config
 from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (session fixture)
-from reclock import pipeline
+from reclock import check_log, pipeline, warehouse
 from devtools.kafka_broker import create_topic, produce
 from reclock.checks import ChecksFailed
+from reclock.engine import Frontier
 from reclock.query import readable, register_as_of
 from reclock.sources.base import SourceError
 from reclock.sources.files import FileSource
@@ -292,8 +293,9 @@ def test_kafka_malformed_record_stops_at_stage(kafka_broker, spark, tmp_path):
     pipeline.run_once("events", config, spark, now=1_000)
     produce(kafka_broker, topic, [("k", "ok-3"), ("k", b"\xff\xfe not utf-8")])
     pipeline.tick("events", config, now=2_000)
-    with pytest.raises(SourceError, match=r"events: .*offset 3: record is not valid utf-8"):
-        pipeline.stage("events", config, spark)
+    with pytest.raises(SourceError, match=rf"^events: staging IntoTimes 1001..2000 failed: topic '{topic}' partition 0 "
+                                          r"offset 3: record is not valid utf-8 \(undecodable value\)$"):
+        pipeline.stage("events", config, spark)  # on_bad_record: fail, the default
     with pytest.raises(ChecksFailed, match="not been checked"):
         pipeline.publish("events", config)
     with pytest.raises(WarehouseError, match="no complete staged attempt"):
@@ -303,3 +305,84 @@ def test_kafka_malformed_record_stops_at_stage(kafka_broker, spark, tmp_path):
     assert sorted(r["value"] for r in rows) == ["ok-1", "ok-2"]
     with pytest.raises(SourceError, match="not valid utf-8"):  # and it stays stuck, loudly
         pipeline.run_once("events", config, spark, now=3_000)
+
+
+def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark, tmp_path, monkeypatch):
+    """on_bad_record: dead_letter: the tick goes on; an undecodable record is bound like the others (remap covers
+    it, resume commits past it) but not published: its coordinates, raw bytes and error are in events_dead_letter,
+    written with its batch, once, even when the publish is cut between the two tables and the batch staged again."""
+    from reclock.backfill import replay
+    from reclock.progress import collect
+    from reclock.progress_view import render_page
+
+    topic = f"dead-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_broker, topic, partitions=2)
+    config = write_sources_config(tmp_path, ("events", "kafka", {"bootstrap_servers": kafka_broker, "topic": topic,
+                                                                 "group_id": f"g-{topic}"}))
+    edit_config(config, lambda doc: doc["sources"][0].update(on_bad_record="dead_letter"))
+    produce(kafka_broker, topic, [("k", "ok-1"), ("k", "ok-2")], partition=0)
+    first = pipeline.run_once("events", config, spark, now=1_000)
+    assert first["stage"]["dead_letters"] == 0 and first["publish"]["published"]
+
+    produce(kafka_broker, topic, [("k", "ok-3"), ("k", b"\xff\xfe not utf-8"), ("k", "ok-4")], partition=0)  # 2..4
+    produce(kafka_broker, topic, [(b"\xc3\x28", b"bad key")], partition=1)  # offset 0
+    second = pipeline.run_once("events", config, spark, now=2_000)
+    assert second["stage"] == {"staged_rows": 2, "start": 1_001, "upto": 2_000, "ranges": 2, "dead_letters": 2}
+    assert readable("events", config).upper == 2_001  # the tick went on
+    assert sorted((r["value"], r["partition"], r["offset"], r["into_time"]) for r in reclocked("events", config)) == [
+        ("ok-1", 0, 0, 1_000), ("ok-2", 0, 1, 1_000), ("ok-3", 0, 2, 2_000), ("ok-4", 0, 4, 2_000)]
+    with pipeline.open_source("events", config) as ctx:
+        remap = ctx.tables.read_remap()
+        assert (remap.into_time_of(0, 3), remap.into_time_of(1, 0)) == (2_000, 2_000)  # bound like the others
+        assert ctx.source.committed() == Frontier.of({0: 5, 1: 1})  # and resumed past
+        table = ctx.tables.read_dead_letters_spark(spark)  # a Delta table beside remap and reclocked, read by Spark
+        assert ctx.tables.table_uri("dead_letter") == f"{ctx.tables.uri}/dead_letter"
+    rows = sorted(tuple(r) for r in table.collect())
+    where = f"topic '{topic}' partition"
+    assert rows == [
+        ("events", 0, 3, 2_000, b"k", b"\xff\xfe not utf-8", f"{where} 0 offset 3: record is not valid utf-8 (undecodable value)"),
+        ("events", 1, 0, 2_000, b"\xc3\x28", b"bad key", f"{where} 1 offset 0: record is not valid utf-8 (undecodable key)")]
+    assert table.schema.simpleString() == ("struct<source:string,partition:int,offset:bigint,into_time:bigint,"
+                                           "key:binary,value:binary,error:string>")
+
+    checked = check_log.read(f"{tmp_path}/warehouse/events")  # the checks report the batch's count, and pass
+    assert checked["success"] and checked["window"] == [1_001, 2_000]
+    results = {r["name"]: r for r in checked["reports"]["dead_letter"]["results"]}
+    assert results["dead_letter.count"]["observed"] == 2 and all(r["success"] for r in results.values())
+    assert checked["reports"]["dead_letter"]["rows"] == 2
+    assert "PASS dead_letter.count: records of the batch that could not be decoded" in second["check"]["dead_letter"]
+
+    # A publish cut after the dead letters and before the records; the next tick brings one more bad record, and
+    # the batch is staged again over the longer window: each dead letter is in the table once.
+    real = warehouse.compare_and_append
+
+    def cut(df, uri, columns, app_id, version, read_max_into_time, metadata=None):
+        if app_id == warehouse.RECLOCKED_APP:
+            raise RuntimeError("killed between the dead-letter and the reclocked commits")
+        real(df, uri, columns, app_id, version, read_max_into_time, metadata)
+
+    produce(kafka_broker, topic, [("k", b"\x80")], partition=1)  # offset 1
+    pipeline.tick("events", config, now=3_000, spark=spark)
+    pipeline.stage("events", config, spark)
+    pipeline.check("events", config)
+    monkeypatch.setattr(warehouse, "compare_and_append", cut)
+    with pytest.raises(RuntimeError, match="killed"):
+        pipeline.publish("events", config, spark)
+    monkeypatch.setattr(warehouse, "compare_and_append", real)
+    with pipeline.open_source("events", config, connect=False, spark=spark) as ctx:
+        assert (ctx.tables.dead_letter_count(), ctx.tables.reclocked_upper()) == (3, 2_001)
+    produce(kafka_broker, topic, [("k", "ok-5")], partition=1)  # offset 2
+    fourth = pipeline.run_once("events", config, spark, now=4_000)
+    assert fourth["stage"]["dead_letters"] == 1 and fourth["publish"]["reclocked_upper"] == 4_001
+    assert not pipeline.publish("events", config, spark)["published"]  # a rerun adds nothing
+    with pipeline.open_source("events", config, connect=False, spark=spark) as ctx:
+        assert ctx.tables.dead_letter_count() == 3
+        offsets = sorted((r.partition, r.offset, r.into_time) for r in ctx.tables.read_dead_letters_spark(spark).collect())
+    assert offsets == [(0, 3, 2_000), (1, 0, 2_000), (1, 1, 3_000)]
+    assert sorted(r["value"] for r in reclocked("events", config)) == ["ok-1", "ok-2", "ok-3", "ok-4", "ok-5"]
+    since = readable("events", config).since  # run_once compacted (retention 2.5 s): optimized events_dead_letter too
+    assert since > 0 and replay("events", config, since, 4_000, spark)["equal"]  # a backfill replays what was published
+
+    data = collect(config, upstream=False)  # the progress page shows the source's count
+    assert data["sources"][0]["dead_letters"] == 3
+    assert "3 in events_dead_letter" in render_page(data)

@@ -182,6 +182,31 @@ def test_failed_check_is_shown_with_its_failing_check():
     assert "never checked" in render_source(fabricated_source(last_check=None))
 
 
+@pytest.mark.parametrize("overrides, shown", [
+    ({}, None),  # on_bad_record: fail, nothing dead-lettered: no such fact
+    ({"on_bad_record": "fail", "dead_letters": None}, None),
+    ({"on_bad_record": "dead_letter", "dead_letters": None}, "0 in orders_dead_letter"),  # before its first publish
+    ({"on_bad_record": "dead_letter", "dead_letters": 12_345}, "12,345 in orders_dead_letter"),
+    ({"on_bad_record": "fail", "dead_letters": 2}, "2 in orders_dead_letter"),  # switched back: still there
+])
+def test_page_shows_the_dead_letter_count(overrides, shown):
+    s = section(render_page(page_data(fabricated_source(**overrides))), "orders")
+    fact = re.search(r'<div class="fact dead-letters"><dt>[^<]*</dt><dd>([^<]*)</dd>', s)
+    assert (fact.group(1) if fact else None) == shown
+
+
+def test_the_dead_letter_check_shows_the_batchs_count():
+    record = check_record()
+    record["reports"]["dead_letter"] = {
+        "subject": "dead letters of IntoTimes 0..30000", "rows": 3, "success": True, "failed": [],
+        "results": [{"name": "dead_letter.count", "expectation": "expect_table_row_count_to_be_between",
+                     "success": True, "description": "records of the batch that could not be decoded",
+                     "unexpected_count": None, "sample": [], "error": None, "observed": 3}]}
+    html = render_checks(record)
+    assert html.index('data-report="reclocked"') < html.index('data-report="dead_letter"')
+    assert re.search(r'<tr class="pass"><td>dead_letter.count</td><td>PASS</td><td>[^<]*</td><td>3</td></tr>', html)
+
+
 def test_names_and_messages_are_escaped():
     evil = '<script>alert("x")</script>'
     src = fabricated_source("orders", kind=evil, progress=[[T0, evil, 1], [T0 + 1000, evil, 2]],

@@ -227,6 +227,47 @@ def test_spark_read_decodes_like_read(spark, kafka_broker, kafka_topic):
             f"topic {topic!r} partition {partition} offset {offset}: record is not valid {encoding} (undecodable {column})")
 
 
+BAD_RECORDS = [(None, None), ("ключ", "значение ✓"), (b"k", b"\xff\xfe latin")], [("fine", "ok"), (b"\xc3\x28", b"v")]
+
+
+@pytest.mark.parametrize("encoding, undecodable", [
+    ("utf-8", {(0, 2): "value", (1, 1): "key"}),
+    ("ascii", {(0, 1): "key, value", (0, 2): "value", (1, 1): "key"}),
+    ("latin-1", {}),  # every byte string is valid
+])
+def test_spark_read_dead_letters_what_it_cannot_decode(spark, kafka_broker, kafka_topic, encoding, undecodable):
+    """on_bad_record="dead_letter": the records that decode are those read() gives; the others come back as
+    dead letters with their coordinates, IntoTime, raw bytes and one line of error."""
+    topic = kafka_topic(partitions=2, prefix="dl")
+    for partition, records in enumerate(BAD_RECORDS):
+        produce(kafka_broker, topic, records, partition=partition)
+    spec = kafka_spec_of(kafka_broker, topic, encoding=encoding)
+    ranges = [(7, 0, 0, 3), (8, 1, 0, 2)]
+    records, dead_letters = spark_source.split_bad_records(read_ranges(spark, spec, ranges, on_bad_record="dead_letter"),
+                                                           "s")
+    with build_source(spec) as source:
+        expected = reference_rows_for(source, [(t, p, o, o + 1) for t, p, s, e in ranges for o in range(s, e)
+                                               if (p, o) not in undecodable])
+    assert rows_of(records) == expected
+    raw = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
+    assert sorted(tuple(r) for r in dead_letters.collect()) == [
+        ("s", p, o, 7 + p, raw(BAD_RECORDS[p][o][0]), raw(BAD_RECORDS[p][o][1]),
+         f"topic {topic!r} partition {p} offset {o}: record is not valid {encoding} (undecodable {what})")
+        for (p, o), what in sorted(undecodable.items())]
+
+
+def test_dead_letters_need_a_read_that_goes_on(spark, kafka_broker, kafka_topic):
+    topic = kafka_topic(partitions=1, prefix="dl")
+    produce(kafka_broker, topic, ["x"])
+    empty = read_ranges(spark, kafka_spec_of(kafka_broker, topic), [], on_bad_record="dead_letter")
+    assert empty.columns == COLUMNS + list(spark_source.BAD_RECORD_COLUMNS) and empty.count() == 0
+    with pytest.raises(SourceError, match="cannot dead-letter records .* record by record"):
+        read_ranges(spark, kafka_spec_of(kafka_broker, topic, encoding="utf-16-le"), [(1, 0, 0, 1)],
+                    on_bad_record="dead_letter")
+    with pytest.raises(SourceError, match="on_bad_record must be one of"):
+        read_ranges(spark, kafka_spec_of(kafka_broker, topic), [(1, 0, 0, 1)], on_bad_record="skip")
+
+
 def reference_rows_for(source, ranges) -> list[tuple]:
     """Each range read record by record, stamped with its IntoTime."""
     return by_position((d["key"], d["value"], d["timestamp_ms"], p, o, t, diff)

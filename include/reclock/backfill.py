@@ -183,9 +183,12 @@ def _examples(left, right, n: int = EXAMPLES) -> list[dict]:
 
 
 def _replayed(spark, ctx: SourceContext, window: Window, schema):
+    """The window's records read again (a dead-lettered record is not among them, as it is not published)."""
+    from .spark_source import split_bad_records
+
     if not window.ranges:
         return spark.createDataFrame([], schema)
-    return read_bound(ctx, window.ranges, spark)
+    return split_bad_records(read_bound(ctx, window.ranges, spark), ctx.config.name)[0]
 
 
 def _published(spark, ctx: SourceContext, window: Window):

@@ -1,4 +1,5 @@
-"""Great Expectations checks on what reclock publishes: the ``remap`` table and a staged reclocked batch.
+"""Great Expectations checks on what reclock publishes: the ``remap`` table and a staged reclocked batch
+(and the batch's dead letters, for a source with ``on_bad_record: dead_letter``).
 
 Each check is one GX expectation on one data frame, run in an ephemeral GX
 context: the remap rows through a pandas data source, the reclocked batch
@@ -34,10 +35,14 @@ class CheckResult:
     unexpected_count: int | None = None
     sample: list = field(default_factory=list)
     error: str | None = None
+    #: What a table-level expectation measured (e.g. a row count), when it reports one.
+    observed: Any = None
 
     def line(self) -> str:
         status = "PASS" if self.success else "FAIL"
         text = f"{status} {self.name}: {self.description}"
+        if self.observed is not None:
+            text += f": {self.observed}"
         if not self.success:
             text += f" ({self.error})" if self.error else f" ({self.unexpected_count} bad, e.g. {self.sample})"
         return text
@@ -179,6 +184,38 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
     return _validate("reclocked batch", with_expected_into_time(batch, remap), ["partition", "offset"], checks)
 
 
+def check_dead_letters(dead_letters: pd.DataFrame, batch: pd.DataFrame, remap: Remap, start: int) -> CheckReport:
+    """Check and count the dead letters of a staged batch (``partition, offset, into_time, error``...): the
+    records of the pending window ``[start, remap.upper)`` that could not be decoded.
+
+    They are reported, not refused (``dead_letter.count``, whose observed value is their number, never fails):
+    the source chose to go on past them.  What must hold is that they are bound like every record (the first
+    binding covering their offset, in the window), say why, and are not in the reclocked ``batch`` as well.
+    """
+    import great_expectations.expectations as gxe
+
+    staged = set(zip(batch["partition"].tolist(), batch["offset"].tolist()))
+    df = with_expected_into_time(dead_letters.drop(columns=["key", "value"]), remap)
+    df["in_batch"] = pd.array([(p, o) in staged for p, o in zip(df["partition"].tolist(), df["offset"].tolist())],
+                              dtype="Int64")
+    upto = remap.upper - 1
+    return _validate(f"dead letters of IntoTimes {start}..{upto}", df, ["partition", "offset"], {
+        "dead_letter.count": (gxe.ExpectTableRowCountToBeBetween(min_value=0),
+                              "records of the batch that could not be decoded, in the dead-letter table instead "
+                              "(on_bad_record: dead_letter; reported, never refused)"),
+        "dead_letter.first_covering_binding": (
+            gxe.ExpectColumnPairValuesToBeEqual(column_A="into_time", column_B=EXPECTED,
+                                                ignore_row_if="either_value_is_missing"),
+            "bound like every record: into_time is the first binding covering (partition, offset)"),
+        "dead_letter.in_window": (gxe.ExpectColumnValuesToBeBetween(column="into_time", min_value=start,
+                                                                    max_value=max(start, upto)),
+                                  f"into_time in the pending window [{start}, {upto}]"),
+        "dead_letter.has_error": (gxe.ExpectColumnValuesToNotBeNull(column="error"), "every dead letter says why"),
+        "dead_letter.not_in_batch": (gxe.ExpectColumnValuesToNotBeInSet(column="in_batch", value_set=[1]),
+                                     "no dead-lettered offset is in the reclocked batch too (nothing counted twice)"),
+    })
+
+
 def check_consolidated(published, staged, content: list[str], label=None) -> CheckReport:
     """Check that publishing ``staged`` keeps every record's consolidated multiplicity AS OF the new upper at least 0.
 
@@ -259,7 +296,7 @@ def _validate(subject: str, df, index: list[str], checks: dict[str, tuple[Any, s
         results.append(CheckResult(
             name=name, expectation=r.expectation_config.type, success=bool(r.success),
             description=description, unexpected_count=r.result.get("unexpected_count"),
-            sample=_plain(sample), error=_error(r.exception_info)))
+            sample=_plain(sample), error=_error(r.exception_info), observed=_plain(r.result.get("observed_value"))))
     rows = max((r.result.get("element_count") or 0 for r in outcome.values()), default=0)
     return CheckReport(subject, rows, tuple(results))
 

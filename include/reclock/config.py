@@ -27,6 +27,9 @@ What is checked, besides the keys each mapping may have:
 * ``vacuum_retention_hours`` (how long VACUUM keeps files that compaction replaced; default the
   AS OF window) may not be below the AS OF window unless ``force_vacuum: true``: a query or a
   backfill reading a table version that compaction then replaced must still find its files.
+* ``on_bad_record`` (what staging does with a record it cannot decode): ``fail`` (the default: the step
+  fails naming source, partition and offset) or ``dead_letter`` (the record goes to the source's
+  dead-letter table and staging goes on), which the kind must support (:func:`reclock.sources.dead_letter_problem`).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from .sources import SourceError, source_kind, source_kinds, source_options
+from .sources import ON_BAD_RECORD, SourceError, dead_letter_problem, source_kind, source_kinds, source_options
 
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "sources.yaml"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -53,7 +56,7 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP_KEYS = {"warehouse", "storage_options", "spark", "sources", "transactions"}
 _SPARK_KEYS = {"master", "conf"}
 _SOURCE_KEYS = {"name", "kind", "schedule", "start_date", "retention_ms", "vacuum_retention_hours", "force_vacuum",
-                "options"}
+                "on_bad_record", "options"}
 _TRANSACTIONS_KEYS = {"name", "data_source", "tx_source", "schedule", "start_date"}
 
 
@@ -75,6 +78,8 @@ class SourceConfig:
     options: dict[str, Any] = field(default_factory=dict)
     #: How long VACUUM keeps files compaction replaced (default: the AS OF window, ``retention_ms``).
     vacuum_retention_hours: float = DEFAULT_RETENTION_MS / HOUR_MS
+    #: What staging does with a record it cannot decode: ``fail`` or ``dead_letter`` (:data:`ON_BAD_RECORD`).
+    on_bad_record: str = "fail"
 
     @property
     def offsets_unique(self) -> bool:
@@ -290,6 +295,8 @@ def _parse_source(r: _Reader, entry: Any, where: str) -> SourceConfig:
         retention_ms=retention,
         options=dict(options),
         vacuum_retention_hours=r.attempt(_vacuum_retention_hours, r, entry, retention, where, default=0.0),
+        on_bad_record=r.attempt(_on_bad_record, r, entry.get("on_bad_record", "fail"), kind, options,
+                                f"{where}.on_bad_record", default="fail"),
     )
 
 
@@ -388,6 +395,14 @@ def _vacuum_retention_hours(r: _Reader, entry: dict, retention_ms: int, where: s
     if problem := vacuum_retention_problem(hours, retention_ms, force):
         raise r.fail(f"{where}.vacuum_retention_hours", problem)
     return float(hours)
+
+
+def _on_bad_record(r: _Reader, value: Any, kind: str, options: dict, where: str) -> str:
+    if value not in ON_BAD_RECORD:
+        raise r.fail(where, f"must be one of {', '.join(ON_BAD_RECORD)}, got {value!r}")
+    if value == "dead_letter" and source_kind(kind) is not None and (problem := dead_letter_problem(kind, options)):
+        raise r.fail(where, f"dead_letter: {problem}")
+    return value
 
 
 def _start_date(r: _Reader, value: Any, where: str) -> datetime | None:

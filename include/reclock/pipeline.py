@@ -160,14 +160,18 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     """Spark DataFrame of the records in bound ``ranges``: landed partitions from the warehouse
     (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`);
     a source's TRUNCATE markers become retractions of what the table held (:mod:`reclock.truncate`); a source
-    with ``table_columns`` has its tables' column changes checked (:func:`_check_table_columns`)."""
+    with ``table_columns`` has its tables' column changes checked (:func:`_check_table_columns`).
+
+    A source with ``on_bad_record: dead_letter`` is read so: records that cannot be decoded are in the frame
+    with :data:`reclock.spark_source.BAD_RECORD_COLUMNS` set (:func:`reclock.spark_source.split_bad_records`)."""
     from .spark_source import read_ranges
 
     spark = spark or ctx.spark
     landed = set(ctx.tables.landed().partitions)
     here = [r for r in ranges if r[1] in landed]
     upstream = [r for r in ranges if r[1] not in landed]
-    df = read_ranges(spark, ctx.spec, upstream, ctx.base) if upstream or not here else None
+    df = (read_ranges(spark, ctx.spec, upstream, ctx.base, ctx.config.on_bad_record) if upstream or not here
+          else None)
     if here:
         df = ctx.tables.read_landed(here, spark) if df is None else \
             df.unionByName(ctx.tables.read_landed(here, spark))
@@ -319,8 +323,12 @@ def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
 
 
 def stage(name: str, config_path: str | None = None, spark=None) -> dict:
-    """Spark step: read every pending binding's offset ranges and stage them as Parquet files."""
-    from .spark_source import worker_source_error
+    """Spark step: read every pending binding's offset ranges and stage them as Parquet files.
+
+    A record that cannot be decoded fails the step, naming source, partition and offset; with
+    ``on_bad_record: dead_letter`` it is staged apart, for the dead-letter table (``dead_letters``: how many).
+    """
+    from .spark_source import split_bad_records, worker_source_error
 
     with open_source(name, config_path, spark=spark or True) as ctx:
         remap = ctx.tables.read_remap()
@@ -339,23 +347,36 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
             raise SourceError(f"{name}: bindings {start}..{upto} need records of the upstream they were bound from, "
                               "which was replaced: " + "; ".join(other) + f"; nothing staged. {UPSTREAM_HELP}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
+        df = read_bound(ctx, ranges)
+        records, dead_letters = split_bad_records(df, name)
+        if dead_letters is not None:  # both read the batch: once from the upstream
+            df.persist()
         try:
-            rows = ctx.tables.stage(read_bound(ctx, ranges), upto)
+            rows = ctx.tables.stage(records, upto, dead_letters)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
             raise SourceError(f"{name}: staging IntoTimes {start}..{upto} failed: {message}") from e
-        return {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
+        finally:
+            df.unpersist()
+        result = {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
+        if dead_letters is not None and (staged := ctx.tables.staged_dead_letters(upto)) is not None:
+            result["dead_letters"] = len(staged)
+            if len(staged):
+                log.warning("%s: %d records of IntoTimes %d..%d could not be decoded; staged for %s_dead_letter, "
+                            "e.g. %s", name, len(staged), start, upto, name, staged["error"].iloc[0])
+        return result
 
 
 def check(name: str, config_path: str | None = None, spark=None) -> dict:
-    """Great Expectations checks on remap and the staged batch; raises ChecksFailed.
+    """Great Expectations checks on remap and the staged batch (and its dead letters, reported: a source with
+    ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
     A source whose records are diffs (Postgres, CDC v2) also has its consolidated history checked
     (:func:`reclock.checks.check_consolidated`), in Spark.
     """
     from . import check_log
-    from .checks import check_consolidated, check_reclocked, check_remap
+    from .checks import check_consolidated, check_dead_letters, check_reclocked, check_remap
 
     diffs = not load_config(config_path).source(name).offsets_unique
     with open_source(name, config_path, connect=False, spark=(spark or True) if diffs else None) as ctx:
@@ -364,8 +385,10 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
                                         upstreams=ctx.tables.recorded_upstreams())}
         window = pending(remap, ctx.tables)
         if window is not None:
-            results["reclocked"] = check_reclocked(ctx.tables.read_staged(window[1]), remap, window[0],
-                                                   offsets_unique=ctx.config.offsets_unique)
+            batch = ctx.tables.read_staged(window[1])
+            results["reclocked"] = check_reclocked(batch, remap, window[0], offsets_unique=ctx.config.offsets_unique)
+            if (dead_letters := ctx.tables.staged_dead_letters(window[1])) is not None:
+                results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, window[0])
             if diffs:
                 label = getattr(ctx.source, "spark_offset_label", None)
                 results["history"] = check_consolidated(

@@ -2,7 +2,8 @@
 
 :func:`collect` returns one JSON-able dict per configured source: ``since``, the remap
 and reclocked uppers, the bound frontier and its history (``Remap.progress()``), the
-upstream frontier and the lags, and the last check record (:mod:`reclock.check_log`).
+upstream frontier and the lags, the last check record (:mod:`reclock.check_log`), and the number of
+records in the source's dead-letter table (``dead_letters``: None while it has none).
 
 It never creates tables and never lets one source spoil the others: the warehouse side is
 read without connecting to the upstream (so an unreachable upstream still shows its bound
@@ -70,6 +71,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         "upstream_frontier": None, "upstream_error": None, "upstream_unreachable_since": None,
         "lag_offsets": None, "lag_by_partition": {},
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
+        "on_bad_record": source_config.on_bad_record, "dead_letters": None,
     }
     bound = base = Frontier()
     try:
@@ -85,7 +87,8 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
                 tables=True, since=remap.since, remap_upper=remap.upper, reclocked_upper=reclocked_upper,
                 bound_frontier=bound.as_json(),
                 progress=[[r.into_time, r.partition, r.offset] for r in remap.progress()],
-                publish_lag_ms=max(0, remap.upper - max(reclocked_upper, first)))
+                publish_lag_ms=max(0, remap.upper - max(reclocked_upper, first)),
+                dead_letters=tables.dead_letter_count())
     except Exception as e:  # noqa: BLE001 - shown on the page for this source only
         row["error"] = f"cannot read the warehouse tables at {uri}: {_describe(e)}"
     try:

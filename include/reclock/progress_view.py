@@ -24,7 +24,7 @@ WIDTH, HEIGHT = 760, 280
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 84, 40, 14, 42
 MAX_PARTITIONS = 12
 MAX_POINTS = 400
-REPORT_ORDER = ["remap", "reclocked"]
+REPORT_ORDER = ["remap", "reclocked", "dead_letter"]
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#7f7f7f", "#bcbd22", "#393b79", "#ad494a")
 _TIME_STEPS = [s * 1000 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
@@ -279,7 +279,7 @@ def render_checks(record: Mapping | None, error: str | None = None, now: int | N
                        '<th>detail</th></tr></thead><tbody>')
             for r in results:
                 passed = r.get("success")
-                detail = "" if passed else (
+                detail = ("" if r.get("observed") is None else r["observed"]) if passed else (
                     r.get("error") or f'{r.get("unexpected_count")} bad, e.g. {r.get("sample")}')
                 out.append(f'<tr class="{"pass" if passed else "fail"}"><td>{h(r.get("name"))}</td>'
                            f'<td>{"PASS" if passed else "FAIL"}</td><td>{h(r.get("description"))}</td>'
@@ -340,6 +340,9 @@ def facts(src: Mapping, now: int | None = None) -> str:
         ("publish-lag", "publish lag (remap upper − reclocked upper)", fmt_duration(src.get("publish_lag_ms"))),
         ("bind-lag", "upstream lag (upstream upper − bound frontier)", lag_offsets),
     ]
+    if src.get("dead_letters") is not None or src.get("on_bad_record") == "dead_letter":
+        items.append(("dead-letters", "dead letters (records that could not be decoded)",
+                      f"{fmt_count(src.get('dead_letters') or 0)} in {src.get('source')}_dead_letter"))
     return '<dl class="facts">' + "".join(
         f'<div class="fact {k}"><dt>{h(label)}</dt><dd>{h(value)}</dd></div>' for k, label, value in items) + "</dl>"
 

@@ -21,6 +21,12 @@ range it falls in, and yields Arrow batches with the columns
 ``<source data columns>..., partition, offset, into_time, diff``; ``offset`` is stored as the
 source's ``offset_type`` (:mod:`reclock.offsets`: int64, or an order-preserving string).
 
+A source whose records may not decode (``on_bad_record`` of the sources file) is read with
+``on_bad_record="dead_letter"`` by a ``spark_read`` that takes it: every record comes back, those that
+could not be decoded with :data:`BAD_RECORD_COLUMNS` set, and :func:`split_bad_records` parts them into
+the records and the rows of the source's dead-letter table.  Only native reads can do so (Kafka's): the
+data source below stops at a record its source cannot decode.
+
 Native reads need what they read with on the session (Kafka: the spark-sql-kafka jars, which
 :func:`reclock.spark_session.get_spark` loads), and no Python workers.  For the Python data source,
 Spark's Python workers must be able to import ``reclock`` (and the source's client library):
@@ -45,7 +51,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from . import offsets
 from .engine import Frontier, Range
 from .engine.upstream import earlier_epoch_problems, upstream_ranges
-from .sources import build_source
+from .sources import ON_BAD_RECORD, build_source
 from .sources.base import SourceError
 from .spark_session import spark_schema
 
@@ -53,6 +59,9 @@ NAME = "reclock"
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
 BATCH_ROWS = 8192
 MAX_TASK_OFFSETS = 500_000
+#: The columns a ``dead_letter`` read adds: null for a record that decoded; for one that did not, why (one
+#: line, naming its partition and offset) and its raw key and value bytes.
+BAD_RECORD_COLUMNS = ("_bad_record_error", "_bad_record_key", "_bad_record_value")
 _SOURCE_ERROR_TAG = "reclock.sources.base.SourceError: "
 _WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*?)(?:\s+SQLSTATE: \w+)?\s*$", re.M)
 
@@ -240,7 +249,8 @@ def register(spark) -> None:
     spark.dataSource.register(ReclockDataSource)
 
 
-def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]], base: Frontier | None = None):
+def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]], base: Frontier | None = None,
+                on_bad_record: str = "fail"):
     """DataFrame of every record of ``ranges`` (``[into_time, partition, start, end]``) of the source ``spec``.
 
     Columns: the source's data columns, ``partition``, ``offset``, ``into_time``, ``diff``.
@@ -251,7 +261,12 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
     ``base``: the offset base of the source's current epoch (:mod:`reclock.engine.upstream`): the ranges
     are gauge offsets, read upstream at ``offset - base`` and returned with their gauge offsets; a range
     below the base (an earlier epoch's records) is a :class:`SourceError` before anything is read.
+
+    ``on_bad_record="dead_letter"``: the frame has :data:`BAD_RECORD_COLUMNS` too (:func:`split_bad_records`);
+    a source without a native read that can do so is a :class:`SourceError`.
     """
+    if on_bad_record not in ON_BAD_RECORD:
+        raise SourceError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     spec = dict(spec)
     ranges = normalize_ranges(ranges)
     shifted = base is not None and bool(base.partitions)
@@ -263,11 +278,34 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
     source = build_source(spec)  # validates the spec on the driver
     try:
         native = getattr(source, "spark_read", None)
-        df = native(spark, ranges) if native is not None else None
+        if on_bad_record == "fail":
+            df = native(spark, ranges) if native is not None else None
+        else:
+            df = native(spark, ranges, on_bad_record=on_bad_record) if native is not None else None
+            if df is None:
+                raise SourceError(f"{source!r} cannot dead-letter records (on_bad_record: {on_bad_record}): it is read "
+                                  "record by record, which stops at a record it cannot decode")
     finally:
         source.close()
     df = df if df is not None else read_ranges_python(spark, spec, ranges)
     return _shifted(df, base) if shifted else df
+
+
+def split_bad_records(df, source: str):
+    """``(records, dead letters)`` of a frame read with ``on_bad_record="dead_letter"``: the records that decoded,
+    without :data:`BAD_RECORD_COLUMNS`, and the others as rows of source ``source``'s dead-letter table
+    (``source, partition, offset, into_time, key, value, error``: :func:`reclock.warehouse.dead_letter_schema`).
+    A frame read with ``fail`` has no bad records: ``(df, None)``."""
+    from pyspark.sql import functions as F
+
+    error, raw_key, raw_value = BAD_RECORD_COLUMNS
+    if error not in df.columns:
+        return df, None
+    records = df.where(F.col(error).isNull()).drop(*BAD_RECORD_COLUMNS)
+    dead_letters = df.where(F.col(error).isNotNull()).select(
+        F.lit(source).alias("source"), "partition", "offset", "into_time", F.col(raw_key).alias("key"),
+        F.col(raw_value).alias("value"), F.col(error).alias("error"))
+    return records, dead_letters
 
 
 def _shifted(df, base: Frontier):

@@ -32,6 +32,14 @@ warehouse (a Postgres source's initial snapshot, read under a snapshot that dies
 connection): :meth:`SourceTables.land` appends them in one commit whose ``userMetadata`` records
 the landed partitions' uppers, and from then on staging and backfills read those partitions' offset
 ranges from here (:meth:`SourceTables.read_landed`), not upstream.
+
+``<root>/<name>/dead_letter`` (Delta table ``<name>_dead_letter``, :func:`dead_letter_schema`) holds the
+records of a source with ``on_bad_record: dead_letter`` that could not be decoded: their coordinates, raw
+bytes and error.  They are bound like every record but staged apart, under ``<attempt>/_dead_letter/``
+(written before the attempt's records, so ``_SUCCESS`` covers both; Spark's readers skip ``_`` names), and
+published by the same :meth:`SourceTables.publish_staged`, just before the records, with app
+``reclock.dead_letter`` = the batch's last IntoTime; only rows with a later IntoTime than the app's
+version are appended, so a rerun (or a batch staged again over a longer window) adds none twice.
 """
 from __future__ import annotations
 
@@ -61,10 +69,12 @@ from .spark_session import spark_schema
 
 log = logging.getLogger("reclock")
 
-Kind = Literal["remap", "reclocked", "landing"]
+Kind = Literal["remap", "reclocked", "landing", "dead_letter"]
 KINDS: tuple[Kind, ...] = ("remap", "reclocked")  # created with the source; "landing" when first landed
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
 LANDING_APP = "reclock.landing"  # version = number of landings
+DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime whose dead letters are in
+STAGED_DEAD_LETTERS = "_dead_letter"  # under a staged attempt: the batch's dead letters
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
@@ -114,6 +124,13 @@ def reclocked_schema(partition_type: pa.DataType, data_schema: pa.Schema,
     return pa.schema(list(data_schema) + [
         pa.field("partition", partition_type), pa.field("offset", offset_type),
         pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())])
+
+
+def dead_letter_schema(partition_type: pa.DataType, offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
+    """A record that could not be decoded: its source (name), coordinates, raw key and value bytes, and why."""
+    return pa.schema([pa.field("source", pa.string()), pa.field("partition", partition_type),
+                      pa.field("offset", offset_type), pa.field("into_time", pa.int64()),
+                      pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("error", pa.string())])
 
 
 def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
@@ -261,6 +278,7 @@ class SourceTables:
             "remap": remap_schema(partition_type, self.offset_type),
             "reclocked": reclocked_schema(partition_type, data_schema, self.offset_type)}
         self.schemas["landing"] = self.schemas["reclocked"]  # into_time is 0 there, stamped when read
+        self.schemas["dead_letter"] = dead_letter_schema(partition_type, self.offset_type)
         self._spark = spark
 
     @property
@@ -524,17 +542,56 @@ class SourceTables:
         """
         return self._spark_path(_attempt_dir(_upto_dir(upto)))
 
-    def stage(self, df, upto: int) -> int:
+    def stage(self, df, upto: int, dead_letters=None) -> int:
         """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh staged attempt; rows staged.
 
-        0 and nothing written when ``upto`` is already published.
+        ``dead_letters``: a Spark DataFrame of the batch's records that could not be decoded (columns of
+        :func:`dead_letter_schema`), written first, under the attempt's ``_dead_letter/``, so that the
+        attempt's ``_SUCCESS`` marks both complete.  0 and nothing written when ``upto`` is already published.
         """
         if self.reclocked_upper() > upto:
             return 0
         attempt = _attempt_dir(_upto_dir(upto))
-        df.select(*self.schemas["reclocked"].names).write.parquet(self._spark_path(attempt))
+        writer = df.select(*self.schemas["reclocked"].names).write
+        if dead_letters is not None:
+            self._typed(dead_letters, "dead_letter").write.parquet(self._spark_path(f"{attempt}/{STAGED_DEAD_LETTERS}"))
+            writer = writer.mode("append")  # into the attempt directory the dead letters created
+        writer.parquet(self._spark_path(attempt))
         fs = self._fs()
         return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
+
+    def _typed(self, df, kind: Kind):
+        """``df``'s columns of table ``kind``, cast to its types."""
+        return df.select(*[df[f.name].cast(f.dataType).alias(f.name) for f in self.spark_schema(kind)])
+
+    def staged_dead_letters(self, upto: int):
+        """The dead letters of the latest complete staged attempt for ``upto`` as a pandas DataFrame; None when it
+        has none staged (a source with ``on_bad_record: fail``), or nothing is staged (published meanwhile)."""
+        fs = self._fs()
+        try:
+            _, attempt = self._attempts(fs, upto)
+        except WarehouseError:
+            return None
+        files = self._staged_dead_letter_files(fs, attempt)
+        if files is None:
+            return None
+        return pads.dataset([i.path for i in files], schema=self.schemas["dead_letter"], filesystem=fs,
+                            format="parquet").to_table().to_pandas()
+
+    def _staged_dead_letter_files(self, fs: pafs.FileSystem, attempt: str) -> list[pafs.FileInfo] | None:
+        directory = f"{attempt}/{STAGED_DEAD_LETTERS}"
+        return _parquet_files(fs, directory) if fs.get_file_info(directory).type == pafs.FileType.Directory else None
+
+    def dead_letter_count(self) -> int | None:
+        """Records in the dead-letter table (from the Delta log's file statistics); None when it does not exist."""
+        dt = self._table_or_none("dead_letter")
+        if dt is None:
+            return None
+        return int(pc.sum(pa.table(dt.get_add_actions(flatten=True))["num_records"]).as_py() or 0)
+
+    def read_dead_letters_spark(self, spark=None):
+        """The dead-letter table as a Spark DataFrame (read with ``spark``, default the tables' session)."""
+        return self.read_spark("dead_letter", spark=spark)
 
     def read_staged(self, upto: int):
         """The latest complete staged attempt for ``upto`` as a pandas DataFrame (for checks before publishing)."""
@@ -577,13 +634,38 @@ class SourceTables:
         files = _parquet_files(fs, attempt)
         for info in files:
             self._check_staged(fs, info, published + 1, upto)
-        schema = self.spark_schema("reclocked")
-        staged = (self.spark.read.schema(schema).parquet(*[self._spark_path(i.path) for i in files]) if files
-                  else self.spark.createDataFrame([], schema))
-        compare_and_append(staged, self.table_uri("reclocked"), self.schemas["reclocked"].names, RECLOCKED_APP,
-                           upto, _max_into_time(dt))
+        self._publish_dead_letters(fs, attempt, upto)
+        compare_and_append(self._read_staged_files("reclocked", files), self.table_uri("reclocked"),
+                           self.schemas["reclocked"].names, RECLOCKED_APP, upto, _max_into_time(dt))
         fs.delete_dir(_upto_dir(upto))  # copied into the table (or, for other attempts, never published)
         return True
+
+    def _read_staged_files(self, kind: Kind, files: list[pafs.FileInfo]):
+        """A Spark DataFrame of staged Parquet ``files`` with table ``kind``'s schema."""
+        schema = self.spark_schema(kind)
+        return (self.spark.read.schema(schema).parquet(*[self._spark_path(i.path) for i in files]) if files
+                else self.spark.createDataFrame([], schema))
+
+    def _publish_dead_letters(self, fs: pafs.FileSystem, attempt: str, upto: int) -> None:
+        """Append the dead letters staged in ``attempt`` (if it has them) to the dead-letter table, creating it,
+        with app ``reclock.dead_letter`` = ``upto``: only rows with an IntoTime after the app's version (those
+        before are in already), as a compare-and-append, so none is added twice."""
+        from pyspark.sql import functions as F
+
+        files = self._staged_dead_letter_files(fs, attempt)
+        if files is None:
+            return
+        if self._table_or_none("dead_letter") is None:
+            self._clear_interrupted_creation("dead_letter")
+            create_table(self.spark, self.table_uri("dead_letter"), self.schemas["dead_letter"],
+                         f"{self.uri.rsplit('/', 1)[-1]}_dead_letter")
+        dt = self.table("dead_letter")
+        done = _app_version(dt, DEAD_LETTER_APP, -1)
+        if done >= upto:
+            return
+        staged = self._read_staged_files("dead_letter", files).where(F.col("into_time") > done)
+        compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
+                           upto, _max_into_time(dt))
 
     def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> None:
         """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer)."""
@@ -633,7 +715,8 @@ class SourceTables:
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
         3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
-        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago.
+        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago, in the
+           dead-letter table too (its rows are all kept).
 
         A read of a version from before the compaction (an AS OF query or a backfill that is still
         running) finds its files for ``retention_hours`` more: :func:`reclock.pipeline.compact` passes
@@ -648,7 +731,8 @@ class SourceTables:
             self._append("remap", self._frame("remap", self.schemas["remap"].empty_table()), SINCE_APP, since)
         self._consolidate_remap(since)
         self._consolidate_reclocked(since)
-        for kind in KINDS:
+        dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
+        for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
             self._optimize(kind)
             self._vacuum(kind, retention_hours)
 

@@ -101,6 +101,21 @@ def source_options(kind: str) -> dict[str, inspect.Parameter] | None:
     return {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+#: What a source does with a record it cannot decode (``on_bad_record`` of the sources file): stop (the
+#: step fails naming source, partition and offset), or put it in its dead-letter table and go on.
+ON_BAD_RECORD = ("fail", "dead_letter")
+
+
+def dead_letter_problem(kind: str, options: Mapping[str, Any]) -> str | None:
+    """Why a source of ``kind`` built from ``options`` cannot dead-letter the records it cannot decode
+    (``on_bad_record: dead_letter``), or None.  A kind can when its class says so with a static
+    ``dead_letter_problem(options)`` (Kafka: its Spark read goes on past such a record)."""
+    check = getattr(_resolve(kind), "dead_letter_problem", None)
+    if check is None:
+        return f"kind {kind} stops at a record it cannot decode; only kafka can dead-letter records"
+    return check(options)
+
+
 def build_source(spec: Mapping[str, Any]) -> Source:
     """Build a source from ``{"kind": ..., **kwargs}``."""
     if not isinstance(spec, Mapping) or "kind" not in spec:
@@ -114,5 +129,6 @@ def build_source(spec: Mapping[str, Any]) -> Source:
         raise SourceError(f"bad arguments for source kind {kind!r}: {e}") from e
 
 
-__all__ = ["Source", "SourceError", "SourceKind", "build_source", "register_source", "source_class", "source_kind",
+__all__ = ["ON_BAD_RECORD", "Source", "SourceError", "SourceKind", "build_source", "dead_letter_problem",
+           "register_source", "source_class", "source_kind",
            "source_kinds", "source_options"]

@@ -341,7 +341,7 @@ class KafkaSource:
 
     # --- Spark reads ----------------------------------------------------------------------
 
-    def spark_read(self, spark, ranges: Iterable[Sequence[Any]]):
+    def spark_read(self, spark, ranges: Iterable[Sequence[Any]], on_bad_record: str = "fail"):
         """Spark DataFrame of every visible record of ``ranges`` (``[into_time, partition, start, end]``),
         read by Spark's Kafka source; None when :attr:`encoding` has no exact Spark decoding (the
         caller then reads record by record with :meth:`read`).
@@ -353,32 +353,69 @@ class KafkaSource:
         overlap and must lie between the log start offset and the upper (checked here, before Spark
         runs).  Nothing to read: an empty DataFrame, without contacting Kafka.  Spark declares
         ``offset`` nullable (its Kafka source does so for every column); it is never null.
+
+        ``on_bad_record``: ``fail`` (a key or value not valid in :attr:`encoding` fails the Spark job,
+        naming topic, partition and offset), or ``dead_letter``: every record is kept, with the
+        columns :data:`reclock.spark_source.BAD_RECORD_COLUMNS` added: null for a record that decodes;
+        for one that does not, why (one line) and its raw key and value bytes, its data columns null.
         """
         from pyspark.sql import functions as F
 
-        from ..spark_source import normalize_ranges, output_arrow_schema, spark_schema
+        from ..spark_source import BAD_RECORD_COLUMNS, normalize_ranges, output_arrow_schema, spark_schema
 
         charset = _SPARK_CHARSETS.get(codecs.lookup(self.encoding).name)
         if charset is None:
             return None
         rows = spark_range_rows(self.topic, normalize_ranges(ranges))
+        dead_letter = on_bad_record == "dead_letter"
         if not rows:
-            return spark.createDataFrame([], spark_schema(output_arrow_schema(self)))
+            empty = spark.createDataFrame([], spark_schema(output_arrow_schema(self)))
+            if dead_letter:
+                error, raw_key, raw_value = BAD_RECORD_COLUMNS
+                empty = empty.select("*", F.lit(None).cast("string").alias(error),
+                                     F.lit(None).cast("binary").alias(raw_key), F.lit(None).cast("binary").alias(raw_value))
+            return empty
         self._check_readable_rows(rows)
         records = spark.read.format("kafka").options(**self.spark_options(partition_spans(rows))).load()
         bounds = F.broadcast(spark.createDataFrame(rows, _RANGE_ROWS_SCHEMA))
         on = ((F.col("partition") == F.col("_r_partition")) & (F.col("offset") >= F.col("_r_start"))
               & (F.col("offset") < F.col("_r_end")))
+        (key, key_valid), (value, value_valid) = (self._spark_text(c, charset) for c in ("key", "value"))
+        if dead_letter:
+            undecodable = F.concat_ws(", ", F.when(~key_valid, F.lit("key")), F.when(~value_valid, F.lit("value")))
+            good = key_valid & value_valid
+            error, raw_key, raw_value = BAD_RECORD_COLUMNS
+            data = [F.when(good, key).alias("key"), F.when(good, value).alias("value")]
+            bad = [F.when(~good, self._bad_record_message(undecodable)).alias(error),
+                   F.when(~good, F.col("key")).alias(raw_key), F.when(~good, F.col("value")).alias(raw_value)]
+        else:
+            data = [F.when(key_valid, key).otherwise(self._bad_record_error("key")).alias("key"),
+                    F.when(value_valid, value).otherwise(self._bad_record_error("value")).alias("value")]
+            bad = []
         return records.join(bounds, on).select(
-            self._spark_decoded("key", charset),
-            self._spark_decoded("value", charset),
+            *data,
             # timestampType -1: the record has no timestamp (read() gives None too).
             F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp_ms"),
             F.col("_r_partition").alias("partition"),
             F.col("offset"),
             F.col("_r_into_time").alias("into_time"),
             F.lit(1).cast("long").alias("diff"),
+            *bad,
         )
+
+    @staticmethod
+    def dead_letter_problem(options: Mapping[str, Any]) -> str | None:
+        """Why a source built from ``options`` cannot dead-letter records (``on_bad_record: dead_letter``), or
+        None: only the Spark read (:meth:`spark_read`) goes on past a record it cannot decode, and it reads
+        the encodings that Spark decodes exactly (:data:`_SPARK_CHARSETS`)."""
+        encoding = options.get("encoding", "utf-8")
+        try:
+            if codecs.lookup(encoding).name in _SPARK_CHARSETS:
+                return None
+        except (LookupError, TypeError):
+            return None  # the source refuses the encoding itself
+        return (f"encoding {encoding!r} is read record by record in Python, which stops at a record it cannot "
+                f"decode; dead letters need utf-8, latin-1 or ascii")
 
     def spark_options(self, spans: Mapping[int, tuple[int, int]]) -> dict[str, str]:
         """Options of Spark's batch Kafka source reading offsets ``[start, end)`` of each partition in ``spans``.
@@ -425,26 +462,37 @@ class KafkaSource:
                 watermarks[partition] = self._watermarks(consumer, partition)
             self._check_readable(partition, start, end, *watermarks[partition])
 
-    def _spark_decoded(self, name: str, charset: str):
-        """Column ``name`` (binary) decoded with ``charset``; bytes that are not valid in it fail the
-        Spark job with a :class:`SourceError` message naming topic, partition and offset."""
+    def _spark_text(self, name: str, charset: str):
+        """``(text, valid)``: column ``name`` (binary) decoded with ``charset``, and whether its bytes are valid
+        in it (null bytes are: null text)."""
         from pyspark.sql import functions as F
-
-        from ..spark_source import source_error
 
         raw = F.col(name)
         if charset == "ISO-8859-1":  # every byte string is valid
-            return F.decode(raw, charset).alias(name)
+            return F.decode(raw, charset), F.lit(True)
         text = raw.cast("string")  # UTF-8, of which ASCII is a subset
         valid = F.is_valid_utf8(text)
         if charset == "US-ASCII":
             valid = valid & F.hex(raw).rlike("^([0-7][0-9A-F])*$")
-        message = F.concat(F.lit(f"topic {self.topic!r} partition "), F.col("partition").cast("string"),
-                           F.lit(" offset "), F.col("offset").cast("string"),
-                           F.lit(f": record is not valid {self.encoding} (undecodable {name})"))
-        return (F.when(raw.isNull(), F.lit(None).cast("string"))
-                .when(valid, text)
-                .otherwise(source_error(message).cast("string"))).alias(name)
+        return text, raw.isNull() | valid
+
+    def _bad_record_message(self, undecodable):
+        """One line naming topic, partition and offset of a record whose ``undecodable`` columns (a string
+        column: ``key``, ``value`` or both) are not valid :attr:`encoding`."""
+        from pyspark.sql import functions as F
+
+        return F.concat(F.lit(f"topic {self.topic!r} partition "), F.col("partition").cast("string"),
+                        F.lit(" offset "), F.col("offset").cast("string"),
+                        F.lit(f": record is not valid {self.encoding} (undecodable "), undecodable, F.lit(")"))
+
+    def _bad_record_error(self, name: str):
+        """A string column failing the Spark job with a :class:`SourceError` message naming topic, partition,
+        offset and the undecodable column ``name``."""
+        from pyspark.sql import functions as F
+
+        from ..spark_source import source_error
+
+        return source_error(self._bad_record_message(F.lit(name))).cast("string")
 
     # --- upstream commit ------------------------------------------------------------------
 
