@@ -200,13 +200,15 @@ def open_shards(kinesis, stream: str) -> list[str]:
     return sorted(s["ShardId"] for s in shards(kinesis, stream) if "EndingSequenceNumber" not in s["SequenceNumberRange"])
 
 
-def put(kinesis, stream: str, records: Iterable[bytes], shard: str) -> list[str]:
-    """Put ``records`` into ``shard`` (an explicit hash key inside its range), up to 500 per PutRecords call;
-    their sequence numbers, in order."""
+def put(kinesis, stream: str, records: Iterable[bytes], shard: str, keys: Iterable[str] | None = None) -> list[str]:
+    """Put ``records`` into ``shard`` (an explicit hash key inside its range), up to 500 per PutRecords call,
+    with partition keys ``keys`` (default ``"p"``); their sequence numbers, in order."""
     key = next(s for s in shards(kinesis, stream) if s["ShardId"] == shard)["HashKeyRange"]["StartingHashKey"]
     records, out = list(records), []
+    keys = list(keys) if keys is not None else ["p"] * len(records)
     for i in range(0, len(records), 500):
-        entries = [{"Data": data, "PartitionKey": "p", "ExplicitHashKey": key} for data in records[i:i + 500]]
+        entries = [{"Data": data, "PartitionKey": partition_key, "ExplicitHashKey": key}
+                   for data, partition_key in zip(records[i:i + 500], keys[i:i + 500])]
         response = kinesis.put_records(StreamName=stream, Records=entries)
         for entry in response["Records"]:
             if entry.get("ShardId") != shard:

@@ -111,7 +111,7 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     record = _upstream_record(name, ctx, remap)
     ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
     landed = _land_tick(name, ctx, remap, record, landed)
-    frontier = ctx.source.upper().join(landed)
+    frontier = ctx.source.upper().join(landed)  # landed partitions are held here, whatever upstream does
     problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
                              record.identity, identity_of(ctx.source))
     if problems:
@@ -230,7 +230,8 @@ def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
         remap = ctx.tables.read_remap()
         record = _upstream_record(name, ctx, remap)
         same = not identity_problems(record.identity, identity_of(ctx.source))
-        released = released_by(remap.frontier, ctx.source.upper(), released_frontier(ctx.source), same)
+        released = released_by(remap.frontier, ctx.source.upper().join(ctx.tables.landed()),
+                               released_frontier(ctx.source), same)
         lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released)
         gaps = [{"partition": r.partition, "start": r.start, "end": r.end, "recorded_at": now_ms(),
                  "bound_at": [remap.into_time_of(r.partition, r.start), remap.into_time_of(r.partition, r.end - 1)]}
@@ -269,7 +270,8 @@ def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
             raise SourceError(f"{where}: its offsets are stored as {ctx.tables.offset_type}; epochs shift int64 "
                               "offsets only (configure the new upstream as a new source)")
         identity = identity_of(ctx.upstream)
-        replaced = replacement_problems(record.identity, identity, remap.frontier, ctx.source.upper())
+        replaced = replacement_problems(record.identity, identity, remap.frontier,
+                                        ctx.source.upper().join(ctx.tables.landed()))
         if not replaced:
             raise SourceError(f"{where}: the upstream is still the stream remap has bound (same identity "
                               f"{identity}); ticks go on binding it ({UPSTREAM_HELP})")

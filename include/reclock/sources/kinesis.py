@@ -236,7 +236,10 @@ class KinesisSource:
     # --- the Source protocol ------------------------------------------------------------------
 
     def upper(self) -> Frontier:
-        """Nothing beyond what ticks landed: Kinesis has no high watermark (the pipeline binds the landed frontier)."""
+        """Nothing beyond what ticks landed: Kinesis has no high watermark (the pipeline binds the landed
+        frontier).  Asks for the stream's summary, so an unreachable or deleted stream fails here."""
+        self._summary = None
+        self.summary()
         return Frontier()
 
     def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
