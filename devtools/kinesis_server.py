@@ -197,7 +197,8 @@ def shards(kinesis, stream: str) -> list[dict]:
 
 def open_shards(kinesis, stream: str) -> list[str]:
     """The ids of the open shards (no ending sequence number), in id order."""
-    return sorted(s["ShardId"] for s in shards(kinesis, stream) if "EndingSequenceNumber" not in s["SequenceNumberRange"])
+    return sorted(s["ShardId"] for s in shards(kinesis, stream)
+                  if "EndingSequenceNumber" not in s["SequenceNumberRange"])
 
 
 def put(kinesis, stream: str, records: Iterable[bytes], shard: str, keys: Iterable[str] | None = None) -> list[str]:
