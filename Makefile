@@ -6,8 +6,16 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast bench clean
 
-setup: $(STAMP)
+KINESIS := devtools/kinesis
+
+setup: $(STAMP) $(KINESIS)/node_modules/.installed
 	bash jvm/fetch-jars.sh $(BIN)/python
+
+# The Kinesis-compatible server for the tests and the demo (kinesis-local), exactly as locked.
+$(KINESIS)/node_modules/.installed: $(KINESIS)/package.json $(KINESIS)/package-lock.json include/system-packages.sh
+	bash include/system-packages.sh
+	cd $(KINESIS) && npm ci --no-audit --no-fund
+	touch $@
 
 $(STAMP): requirements.txt pyproject.toml include/system-packages.sh
 	bash include/system-packages.sh

@@ -1,16 +1,18 @@
 """The reclock demo on the embedded default: ``python -m devtools.demo`` (``make demo``).
 
-Four sources with four gauges of progress, each with its own Airflow DAG
+Five sources with five gauges of progress, each with its own Airflow DAG
 (``airflow dags test``: tick -> Spark reclock -> Great Expectations checks -> publish
 -> resume -> compact):
 
 * ``orders``: a slow Kafka topic, 2 partitions (a local Apache Kafka broker);
 * ``clicks``: a fast Kafka topic, 3 partitions;
 * ``weblogs``: a directory of growing log files, ``(file identity, byte offset)``;
-* ``payments``: a Postgres table read by logical replication, commit LSN (a private cluster).
+* ``payments``: a Postgres table read by logical replication, commit LSN (a private cluster);
+* ``taps``: a Kinesis stream of 2 shards, ``(shard, sequence number)`` (kinesis-local, a
+  Kinesis-compatible server); the first round splits shard 0 after putting into it.
 
-Each round changes every source, ticks all four IntoTime clocks at one moment and runs
-the four DAGs.  At the end it joins all four AS OF each round's tick: the answer for a
+Each round changes every source, ticks all five IntoTime clocks at one moment and runs
+the five DAGs.  At the end it joins all five AS OF each round's tick: the answer for a
 past IntoTime stays the same however much arrives later.  Everything lives under
 ``var/demo`` (removed at the start of each run).
 """
@@ -28,20 +30,24 @@ import yaml
 from reclock import pipeline
 from devtools.airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, run
 from devtools.kafka_broker import LocalBroker, create_topic, produce
+from devtools.kinesis_server import KinesisServer, create_stream, open_shards, put, split
 from devtools.pg_cluster import PgCluster
 
 TOPICS = {"orders": 2, "clicks": 3}  # topic -> partitions
-SOURCES = [*TOPICS, "weblogs", "payments"]
+SOURCES = [*TOPICS, "weblogs", "payments", "taps"]
+STREAM = "taps"  # Kinesis stream (2 shards, one split after the first round)
 USERS = [f"user-{i}" for i in range(5)]
 CLI = [PYTHON, "-m", "reclock.cli"]
 JOIN = """
 WITH c AS (SELECT key AS user, count(*) AS clicks FROM clicks GROUP BY key),
      w AS (SELECT split(line, ' ')[0] AS user, count(*) AS visits FROM weblogs GROUP BY 1),
      p AS (SELECT get_json_object(row, '$.user_id') AS user,
-                  sum(CAST(get_json_object(row, '$.amount') AS INT)) AS paid FROM payments GROUP BY 1)
+                  sum(CAST(get_json_object(row, '$.amount') AS INT)) AS paid FROM payments GROUP BY 1),
+     k AS (SELECT partition_key AS user, count(*) AS taps FROM taps GROUP BY 1)
 SELECT o.key AS user, o.value AS order_id, coalesce(c.clicks, 0) AS clicks,
-       coalesce(w.visits, 0) AS visits, coalesce(p.paid, 0) AS paid
+       coalesce(w.visits, 0) AS visits, coalesce(p.paid, 0) AS paid, coalesce(k.taps, 0) AS taps
 FROM orders o LEFT JOIN c ON c.user = o.key LEFT JOIN w ON w.user = o.key LEFT JOIN p ON p.user = o.key
+     LEFT JOIN k ON k.user = o.key
 ORDER BY order_id"""
 
 
@@ -49,7 +55,7 @@ def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_config(path: Path, bootstrap: str, logs: Path, dsn: str) -> None:
+def write_config(path: Path, bootstrap: str, logs: Path, dsn: str, kinesis: dict) -> None:
     kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000,
               "options": {"bootstrap_servers": bootstrap, "topic": name, "group_id": f"reclock-{name}"}}
              for name in TOPICS]
@@ -60,12 +66,14 @@ def write_config(path: Path, bootstrap: str, logs: Path, dsn: str) -> None:
             {"name": "weblogs", "kind": "files", "retention_ms": 3_600_000, "options": {"url": str(logs)}},
             {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000,
              "options": {"dsn": dsn, "slot": "reclock_payments", "tables": ["public.payments"]}},
+            {"name": "taps", "kind": "kinesis", "retention_ms": 3_600_000, "options": {**kinesis, "stream": STREAM}},
         ],
     }, sort_keys=False))
 
 
-def change_round(bootstrap: str, logs: Path, dsn: str, round_: int, rng: random.Random) -> dict[str, int]:
-    """A couple of orders, dozens of clicks, appended log lines, and payment transactions."""
+def change_round(bootstrap: str, logs: Path, dsn: str, kinesis, round_: int, rng: random.Random) -> dict[str, int]:
+    """A couple of orders, dozens of clicks, appended log lines, payment transactions and taps in every open
+    shard of the Kinesis stream (split after the first round: the parent's taps are bound before its children's)."""
     import psycopg
 
     orders = [(rng.choice(USERS), f"order-{round_}-{i}", i % TOPICS["orders"]) for i in range(2)]
@@ -83,7 +91,17 @@ def change_round(bootstrap: str, logs: Path, dsn: str, round_: int, rng: random.
                     db.execute("INSERT INTO payments (user_id, amount) VALUES (%s, %s)",
                                (rng.choice(USERS), rng.randint(1, 100)))
         db.execute("DELETE FROM payments WHERE id = (SELECT min(id) FROM payments)")  # a refund: diff -1
-    return {"orders": len(orders), "clicks": len(clicks), "log lines": len(visits), "payment txns": 4}
+    taps, shards = 0, open_shards(kinesis, STREAM)
+    for split_now in (False, True) if round_ == 1 else (False,):
+        if split_now:  # the first round splits a shard: its children's taps are bound a tick after the parent's
+            split(kinesis, STREAM, shards[0])
+            shards = [s for s in open_shards(kinesis, STREAM) if s not in shards]
+        for shard in shards:
+            put(kinesis, STREAM, [f"tap-{round_}-{shard[-1]}-{i}".encode() for i in range(5)], shard,
+                keys=[rng.choice(USERS) for _ in range(5)])  # partition key: the user; put() routes into the shard
+            taps += 5
+    return {"orders": len(orders), "clicks": len(clicks), "log lines": len(visits), "payment txns": 4,
+            "taps": taps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,24 +116,28 @@ def main(argv: list[str] | None = None) -> int:
     env = airflow_env(args.dir / "airflow", config)
 
     with ExitStack() as stack:
-        say("starting a local Apache Kafka broker (Apache Kafka, KRaft) and a private Postgres cluster")
+        say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster and a "
+            "Kinesis-compatible server (kinesis-local)")
         broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
         cluster = stack.enter_context(PgCluster())
+        kinesis_server = stack.enter_context(KinesisServer())
+        kinesis = kinesis_server.client()
+        create_stream(kinesis, STREAM, shards=2)
         dsn = cluster.dsn()
         for topic, partitions in TOPICS.items():
             create_topic(broker.bootstrap, topic, partitions=partitions)
         import psycopg
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
-        write_config(config, broker.bootstrap, logs, dsn)
-        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; config {config}")
+        write_config(config, broker.bootstrap, logs, dsn, kinesis_server.options())
+        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; config {config}")
         pipeline.tick("payments", str(config))  # creates the replication slot before any change
         say("initialising Airflow (SQLite) in var/demo/airflow")
         migrate(args.dir / "airflow", env)
 
         rng, times = random.Random(7), []
         for round_ in range(1, args.rounds + 1):
-            changed = change_round(broker.bootstrap, logs, dsn, round_, rng)
+            changed = change_round(broker.bootstrap, logs, dsn, kinesis, round_, rng)
             say(f"round {round_}/{args.rounds}: {changed}; ticking all clocks, running every DAG")
             ticks = [pipeline.tick(name, str(config)) for name in SOURCES]  # one moment for all sources
             times.append(max(t["into_time"] for t in ticks))
@@ -129,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         say("status of every source")
         print(run([*CLI, "--config", str(config), "status"], env, stderr=False))
         for round_, t in enumerate(times, 1):
-            say(f"AS OF join of all four sources at round {round_}'s tick: the same answer whenever it is asked")
+            say(f"AS OF join of all five sources at round {round_}'s tick: the same answer whenever it is asked")
             print(run([*CLI, "--config", str(config), "query", "--as-of", str(t), "--sql", JOIN], env, stderr=False))
         say(f"done: the tables are Delta Lake under {args.dir / 'warehouse'}; "
             f"query them with: reclock --config {config} query --as-of latest --sql '...'")

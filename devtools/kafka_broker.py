@@ -238,20 +238,8 @@ class LocalBroker:
             pass
 
     def _terminate(self, timeout: float = 20.0) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-                try:
-                    os.kill(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    log.warning("Kafka (pid %s) still running after %s", proc.pid, sig.name)
+        if self._proc is not None:
+            stop_process(self._proc, "Kafka", timeout)
         self._reap()
 
     def _reap(self) -> None:
@@ -279,6 +267,22 @@ class LocalBroker:
     def __repr__(self) -> str:
         state = f"pid={self.pid} {self.bootstrap}" if self.running() else "stopped"
         return f"LocalBroker({state}, data_dir={self.data_dir})"
+
+
+def stop_process(proc: subprocess.Popen, what: str, timeout: float = 20.0) -> None:
+    """Stop a server started here by its PID: SIGTERM, then SIGKILL if it is still running after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %s) still running after %s", what, proc.pid, sig.name)
 
 
 def _accepts_kafka(bootstrap: str, timeout: float) -> bool:

@@ -111,6 +111,7 @@ def test_registered_kind_is_accepted(tmp_path, monkeypatch):
     ("postgres", {"dsn": "host=/tmp dbname=app", "slot": "reclock_app", "tables": ["public.items"]}, False),
     ("files", {"url": "s3://bucket/logs", "pattern": "*.jsonl"}, True),
     ("recorded", {"url": "s3://bucket/kinesis", "gauge": "kinesis"}, True),
+    ("kinesis", {"stream": "orders", "region": "us-east-1", "max_records": 1000}, True),
 ])
 def test_postgres_and_files_kinds(tmp_path, kind, options, offsets_unique):
     config = load_config(write(tmp_path, variant(kind=kind, options=options)))
@@ -126,12 +127,13 @@ def test_config_kinds_are_the_buildable_kinds(tmp_path):
     assert {"kafka", "files", "postgres"} <= set(sources.source_kinds())
     for kind in sources.source_kinds():
         assert callable(sources._resolve(kind))
-    with pytest.raises(ConfigError, match=r"unknown kind 'nope' \(known: cdcv2, files, kafka, postgres, recorded\)"):
+    known = "cdcv2, files, kafka, kinesis, postgres, recorded"
+    with pytest.raises(ConfigError, match=rf"unknown kind 'nope' \(known: {known}\)"):
         load_config(write(tmp_path, variant(kind="nope")))
 
 
 @pytest.mark.parametrize("doc, message", [
-    (variant(kind="kinesis"), r"sources\[0\] \(orders\)\.kind: unknown kind 'kinesis' \(known: .*kafka"),
+    (variant(kind="pubnub"), r"sources\[0\] \(orders\)\.kind: unknown kind 'pubnub' \(known: .*kafka"),
     (variant(name="Orders"), r"sources\[0\]\.name: must match"),
     (variant(name="clicks"), r"sources\[1\]\.name: duplicate source name 'clicks'"),
     (variant(options={"topic": "t"}), r"\(orders\)\.options: missing required option\(s\) for kind kafka: "

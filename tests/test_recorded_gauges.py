@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import yaml
-from conftest import stage_parquet
+from conftest import canonical, check_engine_laws, stage_parquet, updates_of, upper_of
 from hypothesis import given, settings, strategies as st
 
 from reclock import offsets, pipeline
@@ -75,22 +75,6 @@ STREAMS = {"kinesis": KINESIS, "pubnub": PUBNUB}
 
 def jsonl(records) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
-
-
-def canonical(data) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def updates_of(records) -> list[tuple]:
-    """Engine updates ``(data, partition, offset, diff)`` of recorded records (offsets as ints)."""
-    return [(canonical(r["data"]), r["partition"], int(r["offset"]), 1) for r in records]
-
-
-def upper_of(records) -> Frontier:
-    last: dict = {}
-    for r in records:
-        last[r["partition"]] = max(last.get(r["partition"], 0), int(r["offset"]) + 1)
-    return Frontier.of(last)
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -243,38 +227,10 @@ def test_generic_big_offsets_and_going_backwards(tmp_path):
 
 # --- engine laws on the recorded streams ----------------------------------------------------------
 
-@st.composite
-def recorded_ticks(draw, gauge):
-    """A remap minted by ticking at random points of a recorded stream, and the stream's updates."""
-    records = [r for phase in STREAMS[gauge] for r in phase]
-    cuts = sorted(draw(st.sets(st.integers(0, len(records)), max_size=6)))
-    remap, t, ticks = Remap(), 1_700_000_000_000, []
-    for cut in cuts:
-        t += draw(st.integers(1, 5_000))
-        remap = remap.mint(t, upper_of(records[:cut]))
-        ticks.append((t, cut))
-    return remap, updates_of(records), ticks
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.data(), st.sampled_from(["kinesis", "pubnub"]))
 def test_engine_laws_on_recorded_streams(data, gauge):
-    remap, updates, ticks = data.draw(recorded_ticks(gauge))
-    for before, after in zip(remap.bindings, remap.bindings[1:]):  # monotone
-        assert before.into_time < after.into_time and before.frontier.less_equal(after.frontier)
-    assert Remap.from_increments(remap.increments(), remap.since, remap.upper) == remap  # exact replay
-    # every record lands at the first tick whose prefix of the recording holds it
-    for i, (d, p, o, _) in enumerate(updates):
-        expected = next((t for t, cut in ticks if cut > i), None)
-        assert remap.into_time_of(p, o) == expected
-    reclocked = reclock(updates, remap)
-    for t, cut in ticks:  # AS OF a tick: exactly the recorded records up to it
-        assert as_of(reclocked, t) == Counter(d for d, *_ in updates[:cut])
-    since = data.draw(st.integers(remap.since, max(remap.since, remap.upper - 1)))
-    compacted = remap.compact(since)  # compaction commutes with reclocking
-    assert Counter({r[:4]: r[4] for r in reclock(updates, compacted)}) == compact_updates(reclocked, since)
-    for _, p, start, end in compacted.ranges():  # ranges never split a record from its IntoTime
-        assert start < end
+    check_engine_laws(data, [r for phase in STREAMS[gauge] for r in phase])
 
 
 def test_segments_of_sparse_gauges_are_not_cut():

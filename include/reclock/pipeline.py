@@ -19,7 +19,7 @@ from .engine.upstream import (clip_ranges, identity_problems, lost_problems, los
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
 from .faults import kill_point
 from .offsets import offset_type_of
-from .sources import build_source, source_class
+from .sources import build_source, source_class, source_options
 from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
 from .sources.epoch import in_epoch
 from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse
@@ -69,10 +69,14 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
                           conf=config.spark_conf)
     source = None if connect else source_class(source_config.kind)
     connected = source is None
+    warehouse = Warehouse(config.warehouse, config.storage_options)
     if connected:
-        source = build_source({"kind": source_config.kind, **source_config.options})
+        options = dict(source_config.options)
+        if "state_url" in (source_options(source_config.kind) or {}) and not options.get("state_url"):
+            options["state_url"] = f"{warehouse.source_uri(name)}/state"  # a source keeping its own state
+        source = build_source({"kind": source_config.kind, **options})
     try:
-        tables = Warehouse(config.warehouse, config.storage_options).source(
+        tables = warehouse.source(
             name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
         record = tables.upstream_record() if connected else None
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
@@ -107,7 +111,8 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     landed = _land_initial_snapshot(name, ctx, remap)
     record = _upstream_record(name, ctx, remap)
     ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
-    frontier = ctx.source.upper().join(landed)
+    landed = _land_tick(name, ctx, remap, record, landed)
+    frontier = ctx.source.upper().join(landed)  # landed partitions are held here, whatever upstream does
     problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
                              record.identity, identity_of(ctx.source))
     if problems:
@@ -153,6 +158,25 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
                  ", ".join(f"{p} ({u >> 16} blocks)" for p, u in snapshot.uppers.items()) or "no rows")
         ctx.tables.land(read_ranges_python(ctx.spark, {**ctx.spec, "exported": snapshot.spec}, ranges),
                         Frontier.of(snapshot.uppers))
+    return ctx.tables.landed()
+
+
+def _land_tick(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord, landed: Frontier) -> Frontier:
+    """For a source that lands what each tick reads (``source.lands_ticks``, Kinesis: no high watermark to
+    sample): take its new records (``source.take``) and land them in one idempotent commit with the state the
+    source keeps between ticks; the uppers of every landed partition.  A replaced upstream is refused first,
+    so nothing of it is landed."""
+    if not getattr(ctx.source, "lands_ticks", False):
+        return landed
+    if other := identity_problems(record.identity, identity_of(ctx.source)):
+        raise SourceError(f"{name} ({ctx.source!r}): the upstream is not the stream remap has bound: "
+                          + "; ".join(other) + f"; nothing landed or written. {UPSTREAM_HELP}")
+    state = ctx.tables.landing_state()
+    taken = ctx.source.take(landed, remap.frontier, state)
+    if taken.uppers != landed or taken.state != state:
+        rows = [{**data, "partition": partition, "offset": offset} for partition, offset, data in taken.records]
+        ctx.tables.land_more(rows, landed, taken.uppers, taken.state)
+        log.info("%s: landed %d records of %r, up to %s", name, len(rows), ctx.source, taken.uppers)
     return ctx.tables.landed()
 
 
@@ -246,7 +270,8 @@ def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
         remap = ctx.tables.read_remap()
         record = _upstream_record(name, ctx, remap)
         same = not identity_problems(record.identity, identity_of(ctx.source))
-        released = released_by(remap.frontier, ctx.source.upper(), released_frontier(ctx.source), same)
+        released = released_by(remap.frontier, ctx.source.upper().join(ctx.tables.landed()),
+                               released_frontier(ctx.source), same)
         lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released)
         gaps = [{"partition": r.partition, "start": r.start, "end": r.end, "recorded_at": now_ms(),
                  "bound_at": [remap.into_time_of(r.partition, r.start), remap.into_time_of(r.partition, r.end - 1)]}
@@ -285,7 +310,8 @@ def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
             raise SourceError(f"{where}: its offsets are stored as {ctx.tables.offset_type}; epochs shift int64 "
                               "offsets only (configure the new upstream as a new source)")
         identity = identity_of(ctx.upstream)
-        replaced = replacement_problems(record.identity, identity, remap.frontier, ctx.source.upper())
+        replaced = replacement_problems(record.identity, identity, remap.frontier,
+                                        ctx.source.upper().join(ctx.tables.landed()))
         if not replaced:
             raise SourceError(f"{where}: the upstream is still the stream remap has bound (same identity "
                               f"{identity}); ticks go on binding it ({UPSTREAM_HELP})")

@@ -488,17 +488,54 @@ class SourceTables:
         again = sorted(set(uppers.partitions) & set(self.landed().partitions), key=str)
         if again:
             raise WarehouseError(f"{self.uri}: partitions {again} are landed already")
+        from pyspark.sql import functions as F
+
+        self._land(df.withColumn("into_time", F.lit(0).cast("long")), uppers, {})
+
+    def _land(self, df, uppers: Frontier, fields: dict) -> None:
+        """One landing commit (app ``reclock.landing`` = the number of landings) recording ``uppers`` (the
+        landed partitions' uppers after it) and ``fields`` in its ``userMetadata``; Delta skips it when another
+        landing took the version: :class:`ConcurrentWriteError` then."""
         if self._table_or_none("landing") is None:
             self._clear_interrupted_creation("landing")
             create_table(self.spark, self.table_uri("landing"), self.schemas["landing"],
                          f"{self.uri.rsplit('/', 1)[-1]}_landing")
-        from pyspark.sql import functions as F
-
         version = self._app_version("landing", LANDING_APP, 0) + 1
-        append(df.withColumn("into_time", F.lit(0).cast("long")), self.table_uri("landing"),
-               self.schemas["landing"].names, LANDING_APP, version, {"landed": [list(u) for u in uppers]})
-        if not uppers.less_equal(self.landed()):  # Delta skipped the commit: another landing took the version
+        append(df, self.table_uri("landing"), self.schemas["landing"].names, LANDING_APP, version,
+               {**fields, "landed": [list(u) for u in uppers]})
+        if self._app_version("landing", LANDING_APP, 0) < version or not uppers.less_equal(self.landed()):
             raise ConcurrentWriteError(f"{self.uri}: another writer landed records at the same time; nothing landed")
+
+    def land_more(self, rows: list[dict], before: Frontier, after: Frontier, state: dict) -> None:
+        """Append ``rows`` (the data columns, ``partition`` and ``offset`` as an int) taken after ``before``, the
+        landed uppers they were read from, in one commit recording ``after`` and the source's ``state``
+        (:meth:`landing_state`): a source whose landing grows at every tick.  Compare-and-append: when the
+        landed uppers are no longer ``before`` (another tick landed meanwhile) :class:`ConcurrentWriteError` and
+        nothing landed, so no record is landed twice.  Every row lies in ``[before, after)`` of its partition."""
+        if (now := self.landed()) != before:
+            raise ConcurrentWriteError(f"{self.uri}: landed uppers are {now}, not {before} as read: another tick "
+                                       "landed meanwhile; nothing landed")
+        outside = [(r["partition"], r["offset"]) for r in rows
+                   if not before[r["partition"]] <= r["offset"] < after[r["partition"]]]
+        if outside or not before.less_equal(after):
+            raise WarehouseError(f"{self.uri}: landing {before} -> {after} with records outside it: {outside[:3]}")
+        try:
+            table = pa.Table.from_pylist(
+                [{**r, "offset": offsets.to_storage(r["offset"], self.offset_type), "into_time": 0, "diff": 1}
+                 for r in rows], schema=self.schemas["landing"])
+        except offsets.OffsetError as e:
+            raise WarehouseError(f"{self.uri}: cannot land records: {e}") from e
+        self._land(self._frame("landing", table), after, {"state": state})
+
+    def landing_state(self) -> dict:
+        """The source state recorded with the latest landing that has one (``{}`` before any)."""
+        dt = self._table_or_none("landing")
+        for commit in [] if dt is None else sorted(dt.history(), key=lambda c: c.get("version", -1), reverse=True):
+            try:
+                return dict(json.loads(commit.get("userMetadata") or "{}")["state"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return {}
 
     def landed(self) -> Frontier:
         """The uppers of every landed partition (empty when nothing was landed)."""

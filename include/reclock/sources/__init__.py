@@ -53,6 +53,7 @@ register_source("kafka", "reclock.sources.kafka:KafkaSource", ("bootstrap_server
 register_source("files", "reclock.sources.files:FileSource", ("url",))
 register_source("postgres", "reclock.sources.postgres:PostgresSource", ("dsn", "slot"), offsets_unique=False)
 register_source("cdcv2", "reclock.sources.cdcv2:CdcV2Source", ("transport",), offsets_unique=False)  # offset = CDC time
+register_source("kinesis", "reclock.sources.kinesis:KinesisSource", ("stream",))  # landed by each tick
 register_source("recorded", "reclock.sources.recorded:RecordedSource", ("url",))  # Kinesis / PubNub replays
 
 
