@@ -434,7 +434,8 @@ def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
 @pytest.mark.parametrize("corruption, failing", [
     ("double-increment", ["remap.within_upstream"]),
     ("beyond-upstream", ["remap.within_upstream"]),
-    ("before-since", ["remap.times_increasing", "remap.within_upstream"]),  # and what it adds is counted
+    # read as folded to since (a compaction killed before its remap rewrite leaves such rows), what it adds counts
+    ("before-since", ["remap.within_upstream"]),
 ])
 def test_the_remap_check_catches_corruption_injected_into_the_table(tables, corruption, failing):
     from reclock.checks import check_remap
