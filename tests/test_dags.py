@@ -76,7 +76,7 @@ def parsed(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("dags")
     cases = {
         "good": write_config(base / "good"),
-        "bad_kind": write_config(base / "bad_kind", kind="kinesis"),
+        "bad_kind": write_config(base / "bad_kind", kind="pubnub"),
         "bad_cron": write_config(base / "bad_cron", schedule_clicks="every tuesday"),
         "missing": base / "absent.yaml",
         "pg_files": write_pg_files_config(base / "pg_files"),
@@ -135,7 +135,7 @@ def test_spark_task(parsed):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("bad_kind", r"sources[0] (orders).kind: unknown kind 'kinesis' (known: "),
+    ("bad_kind", r"sources[0] (orders).kind: unknown kind 'pubnub' (known: "),
     ("bad_cron", "sources[1] (clicks).schedule: not a cron expression"),
     ("missing", "cannot read config"),
 ])
