@@ -146,8 +146,9 @@ FAULT_ROUNDS = int(os.environ.get("RECLOCK_FAULT_ROUNDS", "1"))
 
 def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, topics):
     """``reclock run`` killed (SIGKILL, with its JVM) at each crash point of :mod:`reclock.faults`, every
-    point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget: a run starts a JVM, about 15 s
-    here; the issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``, some 3.5 hours).  Records arrive before
+    point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget: one round took 7 min 18 s in a
+    fresh-clone run here, each run starting a JVM; the issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``, about
+    6 hours).  Records arrive before
     every run, and each run starts from what the last one's crash left; then one runs to completion and
     the published table equals the engine's single-writer replay of remap: nothing lost, nothing twice."""
     names, config = topics
