@@ -238,6 +238,7 @@ def test_schedules_are_what_airflow_accepts(tmp_path, schedule, valid):
 @pytest.mark.parametrize("settings, hours", [
     ({"retention_ms": 3_600_000}, 1.0),  # default: the AS OF window
     ({}, 1000 / 3_600_000),  # GOOD's retention_ms: 1000
+    ({"retention_ms": 1}, 1 / 3_600_000),  # the default though (1 / 3_600_000) * 3_600_000 < 1 in floats
     ({"retention_ms": 7_200_000, "vacuum_retention_hours": 2}, 2.0),
     ({"retention_ms": 7_200_000, "vacuum_retention_hours": 48}, 48.0),
     ({"retention_ms": 7_200_000, "vacuum_retention_hours": 0, "force_vacuum": True}, 0.0),

@@ -381,7 +381,7 @@ def vacuum_retention_problem(hours: Any, retention_ms: int, force: bool) -> str 
     """Why VACUUM may not keep files ``hours`` hours for an AS OF window of ``retention_ms``, or None."""
     if isinstance(hours, bool) or not isinstance(hours, (int, float)) or hours < 0:
         return f"must be a number of hours >= 0, got {hours!r}"
-    if hours * HOUR_MS < retention_ms and not force:
+    if round(hours * HOUR_MS) < retention_ms and not force:  # in whole ms, as retention_ms: hours = ms / HOUR_MS rounds
         return (f"{hours} h is below the AS OF window (retention_ms {retention_ms} = {retention_ms / HOUR_MS:g} h): "
                 f"a read of a table version that compaction replaced would lose its files; "
                 f"set force_vacuum: true to vacuum sooner anyway")
