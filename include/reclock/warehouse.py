@@ -312,10 +312,14 @@ class SourceTables:
     def create_if_absent(self) -> None:
         """Create both tables with Spark if missing; :class:`WarehouseError` if one exists with another schema."""
         for kind in KINDS:
-            if self._table_or_none(kind) is None:
-                self._clear_interrupted_creation(kind)
-                create_table(self.spark, self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
+            self._create_table_if_absent(kind)
         self.check_schemas()
+
+    def _create_table_if_absent(self, kind: Kind) -> None:
+        """Create table ``kind`` (named ``<source>_<kind>``) with Spark unless it exists."""
+        if self._table_or_none(kind) is None:
+            self._clear_interrupted_creation(kind)
+            create_table(self.spark, self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
 
     def _clear_interrupted_creation(self, kind: Kind) -> None:
         """Remove a ``_delta_log`` holding no commit (a creation killed before its first commit), which Delta
@@ -496,10 +500,7 @@ class SourceTables:
         """One landing commit (app ``reclock.landing`` = the number of landings) recording ``uppers`` (the
         landed partitions' uppers after it) and ``fields`` in its ``userMetadata``; Delta skips it when another
         landing took the version: :class:`ConcurrentWriteError` then."""
-        if self._table_or_none("landing") is None:
-            self._clear_interrupted_creation("landing")
-            create_table(self.spark, self.table_uri("landing"), self.schemas["landing"],
-                         f"{self.uri.rsplit('/', 1)[-1]}_landing")
+        self._create_table_if_absent("landing")
         version = self._app_version("landing", LANDING_APP, 0) + 1
         append(df, self.table_uri("landing"), self.schemas["landing"].names, LANDING_APP, version,
                {**fields, "landed": [list(u) for u in uppers]})
@@ -527,25 +528,25 @@ class SourceTables:
             raise WarehouseError(f"{self.uri}: cannot land records: {e}") from e
         self._land(self._frame("landing", table), after, {"state": state})
 
-    def landing_state(self) -> dict:
-        """The source state recorded with the latest landing that has one (``{}`` before any)."""
+    def _landings(self, field: str, read):
+        """``read(value)`` of ``field`` in each landing commit's ``userMetadata``, newest first; commits without
+        a readable one (the table's creation) are passed over."""
         dt = self._table_or_none("landing")
         for commit in [] if dt is None else sorted(dt.history(), key=lambda c: c.get("version", -1), reverse=True):
             try:
-                return dict(json.loads(commit.get("userMetadata") or "{}")["state"])
+                yield read(json.loads(commit.get("userMetadata") or "{}")[field])
             except (ValueError, KeyError, TypeError):
                 continue
-        return {}
+
+    def landing_state(self) -> dict:
+        """The source state recorded with the latest landing that has one (``{}`` before any)."""
+        return next(self._landings("state", dict), {})
 
     def landed(self) -> Frontier:
         """The uppers of every landed partition (empty when nothing was landed)."""
-        dt = self._table_or_none("landing")
         out = Frontier()
-        for commit in [] if dt is None else dt.history():
-            try:
-                out = out.join(Frontier.of([tuple(u) for u in json.loads(commit.get("userMetadata") or "{}")["landed"]]))
-            except (ValueError, KeyError, TypeError):
-                continue  # the table's creation
+        for uppers in self._landings("landed", lambda u: Frontier.of([tuple(p) for p in u])):
+            out = out.join(uppers)
         return out
 
     def read_landed(self, ranges, spark=None):
@@ -692,10 +693,7 @@ class SourceTables:
         files = self._staged_dead_letter_files(fs, attempt)
         if files is None:
             return
-        if self._table_or_none("dead_letter") is None:
-            self._clear_interrupted_creation("dead_letter")
-            create_table(self.spark, self.table_uri("dead_letter"), self.schemas["dead_letter"],
-                         f"{self.uri.rsplit('/', 1)[-1]}_dead_letter")
+        self._create_table_if_absent("dead_letter")
         dt = self.table("dead_letter")
         done = _app_version(dt, DEAD_LETTER_APP, -1)
         if done >= upto:
