@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from reclock.pg_types import (Column, column_changes, columns_json, json_value, latest_columns, parse_array,
+from reclock.pg_types import (Column, column_changes, columns_json, json_value, parse_array,
                               row_json, schema_changes, spark_type, typed_columns, view_name)
 
 
@@ -85,14 +85,13 @@ def test_column_changes(before, after, added, problems):
     assert column_changes(before, after) == (added, problems)
 
 
-def test_schema_changes_and_latest_columns():
+def test_schema_changes():
     one, two = columns_json([("id", 23, -1)]), columns_json([("id", 23, -1), ("c", 25, -1)])
     assert schema_changes([("public.t", "commit LSN 0/1", one), ("public.t", "commit LSN 0/2", two),
                            ("public.u", "commit LSN 0/2", two)]) == ([("public.t", "c", "commit LSN 0/2")], [])
     assert schema_changes([("public.t", "commit LSN 0/1", two), ("public.u", "commit LSN 0/1", one),
                            ("public.t", "commit LSN 0/3", one)]) == \
         ([], ["public.t: column 'c' was dropped at commit LSN 0/3"])
-    assert latest_columns([one, two]) == latest_columns([two, one]) == [C("id", 23, -1), C("c", 25, -1)]
     assert view_name("bank", "public.acct") == "bank_acct" and view_name("bank", "s1.acct") == "bank_s1_acct"
 
 

@@ -22,6 +22,7 @@ from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session f
 from reclock import pipeline  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
+from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.postgres import PostgresSource, snapshot_partition  # noqa: E402
 
 ROWS = int(os.environ.get("RECLOCK_SNAPSHOT_ROWS", "100000"))
@@ -52,8 +53,7 @@ def canonical(doc) -> str:
 def as_of(spark, config, t) -> Counter:
     register_as_of(spark, t, ["acct"], config)
     out = Counter()
-    for r in spark.table("acct").collect():
-        assert r["table"] == "public.acct"
+    for r in spark.table("acct").where("table = 'public.acct'").collect():
         v = json.loads(r["row"])  # a NULL column is a missing key
         tags = v.get("tags")
         out[(v["id"], v.get("bal"), v.get("owner"), v.get("ok"), canonical(v.get("doc")),
@@ -228,3 +228,66 @@ def test_truncate_retracts_what_the_table_held(spark, pg_cluster, tmp_path):
         with pipeline.open_source("acct", config, connect=False) as ctx:
             ops = Counter(r["op"] for r in ctx.tables.read_reclocked_arrow().to_pylist())
         assert ops["truncate"] == 50 + 1 + 1  # the retractions (the markers are gone)
+
+
+def test_lost_slot_recovers_from_a_fresh_snapshot(spark, pg_cluster, tmp_path, monkeypatch):
+    """The slot is dropped with changes bound but not published and more made after it; `new-epoch` takes a
+    fresh snapshot and the next IntoTime publishes the difference: AS OF earlier times unchanged, later ones
+    equal to the table, and only what changed is published."""
+    with fresh_database(pg_cluster, TABLE, fill(200), "CREATE TABLE side (k int PRIMARY KEY)",
+                        "INSERT INTO side VALUES (1), (2)") as dsn:
+        config = write_sources_config(tmp_path, ("acct", "postgres", {"dsn": dsn, "slot": "s_lost",
+                                                                      "tables": ["acct", "side"]}), retention_ms=10**9)
+        pipeline.run_once("acct", config, spark, now=1_000)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("UPDATE acct SET bal = 1 WHERE id = 1")
+        pipeline.run_once("acct", config, spark, now=2_000)
+        published = {t: as_of(spark, config, t) for t in (1_000, 2_000)}
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("UPDATE acct SET bal = 2 WHERE id = 2")  # bound at 3000, never published
+            c.execute("INSERT INTO acct (id, owner) VALUES (1000, 'dup'), (1001, 'dup')")
+        pipeline.tick("acct", config, now=3_000, spark=spark)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("SELECT pg_drop_replication_slot('s_lost')")
+            c.execute("UPDATE acct SET bal = 3, note = NULL WHERE id IN (3, 4)")  # while no slot exists
+            c.execute("DELETE FROM acct WHERE id IN (5, 1000)")
+            c.execute("INSERT INTO acct (id, owner) VALUES (1002, 'dup')")
+            c.execute("TRUNCATE side")  # a table left empty: no block to snapshot, its rows retracted all the same
+        with pytest.raises(SourceError, match=r"slot 's_lost' (no longer exists|does not exist).*reclock new-epoch"):
+            pipeline.run_once("acct", config, spark, now=4_000)
+
+        recorded, calls = pipeline._record_snapshot_epoch, []  # killed after its snapshot landed: run again
+
+        def killed(*args):
+            calls.append(args)
+            raise KeyboardInterrupt("killed")
+        monkeypatch.setattr(pipeline, "_record_snapshot_epoch", killed)
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.new_epoch("acct", config, spark)
+        monkeypatch.setattr(pipeline, "_record_snapshot_epoch", recorded)
+        with pytest.raises(SourceError, match="beyond|released"):  # a tick before the epoch is recorded: refused
+            pipeline.tick("acct", config, now=4_500, spark=spark)
+        epoch = pipeline.new_epoch("acct", config, spark)
+        assert epoch["snapshot_at"] == calls[0][-1] and epoch["began_at"] == 3_001, epoch
+        (gap,) = epoch["gaps"]
+        assert gap["partition"] == "" and gap["end"] == epoch["snapshot_at"] and gap["bound_at"][0] == 3_000, gap
+        with psycopg.connect(dsn, autocommit=True) as c:  # a change after the new slot's consistent point
+            c.execute("UPDATE acct SET bal = 6 WHERE id = 6")
+        pipeline.run_once("acct", config, spark, now=5_000)
+        assert as_of(spark, config, 5_000) == table_now(dsn)
+        assert {t: as_of(spark, config, t) for t in (1_000, 2_000)} == published
+        assert as_of(spark, config, 3_000) == published[2_000]  # its changes were never read one by one
+        with pipeline.open_source("acct", config, connect=False) as ctx:
+            at = [r for r in ctx.tables.read_reclocked_arrow().to_pylist() if r["into_time"] == 5_000]
+        # only the difference: ids 2, 3, 4 retracted and inserted, 5 and 1000 retracted, 1001 and 1002
+        # inserted (1001 was never published: the snapshot brings it), and the change of 6 on the new slot
+        assert sorted((r["table"], *json.loads(r["row"]).values(), r["diff"]) for r in at if r["table"] == "public.side") \
+            == [("public.side", 1, -1), ("public.side", 2, -1)]
+        at = [(json.loads(r["row"])["id"], r["diff"], r["partition"] == "") for r in at if r["table"] == "public.acct"]
+        assert sorted(at) == [(2, -1, False), (2, 1, False), (3, -1, False), (3, 1, False), (4, -1, False),
+                              (4, 1, False), (5, -1, False), (6, -1, True), (6, 1, True), (1001, 1, False),
+                              (1002, 1, False)]
+        register_as_of(spark, 5_000, ["acct"], config)
+        assert spark.table("acct_side").count() == 0
+        pipeline.run_once("acct", config, spark, now=6_000)  # and the new slot goes on
+        assert as_of(spark, config, 6_000) == table_now(dsn)

@@ -111,10 +111,27 @@ def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(s
         assert "public.t: column 'filled' was added at commit LSN" in message and "with a default" in message
         at = re.search(r"was dropped at commit LSN ([0-9A-F]+/[0-9A-F]+)", message)[1]
         assert lsn_to_int(at) >= lsn_to_int(lsn), (at, lsn)
-        assert "nothing staged" in message and "new source" in message and "replication slot" in message
+        assert "nothing staged" in message and "reclock new-epoch <source> --drop-slot" in message, message
         with pipeline.open_source("src", config, connect=False) as ctx:
             assert ctx.tables.reclocked_upper() == 2_001  # nothing after the drop was published
         assert typed_rows(spark, config, 2_000, sql) == {(1, "a2", None), (2, "b", 5), (3, "c", 7)}
+
+        # the documented recovery: a new epoch from a fresh snapshot, the tables as they are now
+        with pytest.raises(SourceError, match="slot still exists.*--drop-slot"):
+            pipeline.new_epoch("src", config, spark)
+        epoch = pipeline.new_epoch("src", config, spark, drop_slot=True)
+        assert epoch["epoch"] == 1 and epoch["began_at"] == 3_001, epoch
+        pipeline.run_once("src", config, spark, now=4_000)
+        now = "SELECT id, v, filled FROM src_t"
+        assert typed_rows(spark, config, 4_000, now) == {(1, "a2", 1), (2, "b2", 1), (3, "c2", 1)}
+        assert "extra" not in dict(spark.table("src_t").dtypes)  # the latest columns; earlier rows unchanged:
+        assert typed_rows(spark, config, 2_000, now) == {(1, "a2", None), (2, "b", None), (3, "c", None)}
+        assert {json.loads(r["row"])["id"]: json.loads(r["row"]).get("extra") for r in spark.table("src").collect()} \
+            == {1: None, 2: 5, 3: 7}
+        with psycopg.connect(dsn, autocommit=True) as c:  # and the new slot goes on
+            c.execute("UPDATE t SET filled = 9 WHERE id = 1")
+        pipeline.run_once("src", config, spark, now=5_000)
+        assert typed_rows(spark, config, 5_000, now) == {(1, "a2", 9), (2, "b2", 1), (3, "c2", 1)}
 
 
 def typed_rows(spark, config, t, sql):

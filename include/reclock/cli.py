@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(step, help=f"run the {step} step for a source").add_argument("source")
     sub.add_parser("accept-lost", help="go on without records the upstream released before they were read "
                    "(retention): record the gap with remap").add_argument("source")
-    sub.add_parser("new-epoch", help="start the source over on a replaced upstream (a recreated topic) as a new "
-                   "epoch, keeping what was published").add_argument("source")
+    e = sub.add_parser("new-epoch", help="start the source over on a replaced upstream (a recreated topic; for "
+                       "Postgres a fresh snapshot, after a lost slot) as a new epoch, keeping what was published")
+    e.add_argument("source")
+    e.add_argument("--drop-slot", action="store_true", help="Postgres: replace a replication slot that still exists "
+                   "(e.g. after a schema change the source cannot follow)")
     sub.add_parser("status", help="frontiers, uppers and lag of every source")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
     q.add_argument("--as-of", required=True, type=time_or_latest, help="ms since epoch, ISO datetime, or 'latest'")
@@ -117,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STEPS:
             step = pipeline.run_once if args.command == "run" else getattr(pipeline, args.command)
             print(json.dumps(step(args.source, args.config), indent=2, default=str))
-        elif args.command in ("accept-lost", "new-epoch"):
-            print(json.dumps(getattr(pipeline, args.command.replace("-", "_"))(args.source, args.config), indent=2))
+        elif args.command == "accept-lost":
+            print(json.dumps(pipeline.accept_lost(args.source, args.config), indent=2))
+        elif args.command == "new-epoch":
+            print(json.dumps(pipeline.new_epoch(args.source, args.config, drop_slot=args.drop_slot), indent=2))
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
             print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))

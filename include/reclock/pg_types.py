@@ -14,7 +14,10 @@ Each record also carries its table's columns ``[[name, type OID, typmod], ...]``
 table's order) as Postgres described them for that change: pgoutput's Relation message, or the
 catalog at the snapshot.  Those are what the typed view is built from.
 
-**Typed view** of a table with columns ``cs``: for each ``(name, oid, typmod)`` in ``cs`` a column
+**Typed view** of a table with columns ``cs``, those of its latest published record (within an epoch columns
+are only added, so earlier rows read NULL for a later column; after a new epoch's snapshot the view has the
+columns of the snapshot and later changes, and a column it dropped stays only in the stored ``row`` of
+earlier times): for each ``(name, oid, typmod)`` in ``cs`` a column
 ``name`` of Spark type ``spark_type(oid, typmod)`` whose value is ``parse(oid, typmod)(row[name])``, a
 missing key being NULL:
 
@@ -219,12 +222,6 @@ def view_name(source: str, table: str) -> str:
     return f"{source}_{name}" if schema == "public" else f"{source}_{schema}_{name}"
 
 
-def latest_columns(seen: Iterable[str]) -> list[Column]:
-    """Of the columns a table was stored with (texts), the latest: the most columns (schemas only grow:
-    :func:`column_changes`)."""
-    return max((parse_columns(s) for s in seen), key=len, default=[])
-
-
 # --- schema changes ---
 
 
@@ -261,16 +258,18 @@ def schema_changes(history: Iterable[tuple[str, str, str]]) -> tuple[list[tuple[
 
 def column_history(batch, before, where, column: str = "columns") -> list[tuple[str, str, str]]:
     """For :func:`schema_changes`: each table's latest columns in ``before`` (published records), then each
-    distinct columns of ``batch`` at its first record, in stream order (snapshot partitions first, then commit
-    LSN and ``seq``); ``where`` is a Spark Column naming a record's position (e.g. its commit LSN)."""
+    distinct columns of ``batch`` at its first record, in stream order (IntoTime; in one, snapshot partitions
+    first, then commit LSN and ``seq``); ``where`` is a Spark Column naming a record's position (e.g. its commit
+    LSN)."""
     from pyspark.sql import functions as F
 
-    position = F.struct((F.col("partition") == "").alias("change"), F.col("offset"), F.col("seq"),
-                        where.alias("where"))
+    position = F.struct(F.col("into_time"), (F.col("partition") == "").alias("change"), F.col("offset"),
+                        F.col("seq"), where.alias("where"))
     known = F.col(column).isNotNull()
     latest = (before.where(known).groupBy("table").agg(F.max_by(column, position).alias(column),
                                                        F.max(position).alias("at")).collect())
     first = batch.where(known).groupBy("table", column).agg(F.min(position).alias("at")).collect()
     return ([(r["table"], r["at"]["where"], r[column]) for r in latest]
             + [(r["table"], r["at"]["where"], r[column])
-               for r in sorted(first, key=lambda r: (r["at"]["change"], r["at"]["offset"], r["at"]["seq"] or 0))])
+               for r in sorted(first, key=lambda r: (r["at"]["into_time"], r["at"]["change"], r["at"]["offset"],
+                                                     r["at"]["seq"] or 0))])

@@ -203,12 +203,18 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     if not ranges or not (truncates or column):
         return df
     before = ctx.tables.read_reclocked_spark(spark).where(f"into_time < {int(min(r[0] for r in ranges))}")
-    if truncates:  # TRUNCATE markers: retract what the table held
-        from .truncate import expand_truncates
+    resynced = []
+    if truncates:  # TRUNCATE and resync markers: what the table's rows changed
+        from .truncate import expand_truncates, resynced_tables
 
-        df = expand_truncates(df.localCheckpoint(eager=True), before)
-    if column:  # a table's columns changed: follow an added column, refuse what cannot be followed
-        _check_table_columns(ctx, df, before, column)
+        df = df.localCheckpoint(eager=True)
+        resynced = resynced_tables(df)
+        df = expand_truncates(df, before, getattr(ctx.source, "snapshot_lsn", None))
+    if column:  # a table's columns changed: follow an added column, refuse what cannot be followed (a table
+        # started over from a new epoch's snapshot has no earlier columns to follow)
+        from pyspark.sql import functions as F
+
+        _check_table_columns(ctx, df, before.where(~F.col("table").isin(*resynced)) if resynced else before, column)
     return df
 
 
@@ -236,10 +242,9 @@ def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None
                           f"{SCHEMA_HELP}")
 
 
-SCHEMA_HELP = ("To go on, start the tables over from a fresh snapshot: configure a new source (a new name and slot; "
-               "its first tick copies the tables as they are now), keep this one for AS OF times before the change, "
-               "and drop this source's replication slot so Postgres can recycle its WAL (README: Postgres schema "
-               "changes).")
+SCHEMA_HELP = ("To go on, start the tables over from a fresh snapshot: `reclock new-epoch <source> --drop-slot` "
+               "replaces the slot and publishes what the tables hold now as corrections at the next IntoTime, AS OF "
+               "earlier times unchanged (README: Postgres schema changes).")
 
 
 UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 0 again), `reclock new-epoch <source>` "
@@ -282,8 +287,11 @@ def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
         return {"lost": gaps}
 
 
-def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
+def new_epoch(name: str, config_path: str | None = None, spark=None, drop_slot: bool = False) -> dict:
     """Start the source over on its current upstream as a new epoch, keeping what was published.
+
+    A source that takes snapshots (Postgres) starts over from a fresh one instead: :func:`_new_snapshot_epoch`
+    (``drop_slot``: replace a slot that still exists).
 
     For an upstream that replaced the one remap bound (a Kafka topic deleted and recreated: another
     topic ID, offsets from 0 again, perhaps fewer partitions).  Its offsets are shifted by an offset base,
@@ -306,6 +314,10 @@ def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
         where = f"{name} ({ctx.upstream!r}): no new epoch begun, nothing written"
         if record is None or not remap.bindings:
             raise SourceError(f"{where}: nothing is bound yet (its first tick starts it on the current upstream)")
+        if getattr(ctx.upstream, "export_snapshot", None) is not None:
+            return _new_snapshot_epoch(name, ctx, remap, record, drop_slot)
+        if drop_slot:
+            raise SourceError(f"{where}: --drop-slot is for sources with a replication slot, not {ctx.upstream!r}")
         if ctx.tables.offset_type != offsets.INT64:
             raise SourceError(f"{where}: its offsets are stored as {ctx.tables.offset_type}; epochs shift int64 "
                               "offsets only (configure the new upstream as a new source)")
@@ -334,6 +346,81 @@ def new_epoch(name: str, config_path: str | None = None, spark=None) -> dict:
                     len(record.epochs) + 1, remap.upper, identity, base, start, record.identity)
         return {"epoch": len(record.epochs) + 1, "began_at": remap.upper, "base": base.as_json(),
                 "start": start.as_json(), "identity": identity, "replaced": record.identity}
+
+
+def _new_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord,
+                        drop_slot: bool) -> dict:
+    """A Postgres source started over from a fresh snapshot (a lost slot, a schema change it cannot follow).
+
+    A new slot is created with an exported snapshot at its consistent point ``C`` (after every LSN remap
+    bound: the gauge goes on, no offset base).  Every table's snapshot is landed as partition ``<table>@<C>``
+    with a resync marker at offset 0 (:mod:`reclock.truncate`): staging replaces it by the difference between
+    what the table held AS OF the published history and the snapshot, so the next IntoTime publishes those
+    corrections (retractions and insertions) and every query AS OF an earlier IntoTime is unchanged.  The
+    changes' partition starts at ``C``: the changes before it that were never published are not read one by
+    one (the old slot is gone, or replaced); the gap ``[published, C)`` is recorded, with the snapshot that
+    corrected it.  Then the epoch is recorded with remap (one commit of its properties).
+
+    A slot that still exists is dropped only with ``drop_slot`` (its unpublished changes are replaced by the
+    snapshot), or when remap never bound it (its consistent point lies beyond remap's frontier: a new epoch
+    killed before its snapshot landed).  Killed after the landing, a new epoch run again records it.
+    """
+    from .spark_source import read_ranges_python
+
+    source, where = ctx.upstream, f"{name} ({ctx.upstream!r})"
+    bound, landed = remap.frontier[""], ctx.tables.landed()
+    if source.started():
+        confirmed = source.committed()[""]
+        if any(source.snapshot_lsn(p) == confirmed > record.start[""] for p in landed.partitions):
+            log.warning("%s: the snapshot at %s landed but its epoch was not recorded (a new epoch killed): "
+                        "recording it", where, confirmed)
+            return _record_snapshot_epoch(name, ctx, remap, record, confirmed)
+        if confirmed <= bound and not drop_slot:
+            raise SourceError(f"{where}: no new epoch begun, nothing written: its replication slot still exists. "
+                              "A new epoch replaces it and publishes what the tables hold now as corrections; "
+                              f"changes bound but not published are not read one by one: `reclock new-epoch {name} "
+                              "--drop-slot` to go on")
+        log.warning("%s: dropping replication slot %r (confirmed at %s) for a new epoch", where, source.slot, confirmed)
+        source.drop_slot()
+    with source.export_snapshot() as snapshot:
+        consistent = snapshot.consistent_lsn
+        if consistent < bound:
+            raise SourceError(f"{where}: the new slot's consistent point {consistent} is below remap's bound LSN "
+                              f"{bound}: the server's WAL went back (restored from a backup?); nothing landed. "
+                              "Configure it as a new source")
+        uppers = snapshot.every_table()
+        rows = read_ranges_python(ctx.spark, {**ctx.spec, "exported": snapshot.spec},
+                                  [(0, p, 0, u) for p, u in snapshot.uppers.items()])
+        markers = [{**data, "partition": p, "offset": offset, "into_time": 0, "diff": diff}
+                   for p, data, offset, diff in source.resync_markers(snapshot)]
+        rows = rows.unionByName(ctx.spark.createDataFrame(markers, rows.schema))
+        log.info("%s: landing the snapshot of a new epoch at %s: %s", where, consistent,
+                 ", ".join(f"{p} ({u >> 16} blocks)" for p, u in uppers.items()))
+        ctx.tables.land(rows, Frontier.of(uppers))
+    return _record_snapshot_epoch(name, ctx, remap, record, consistent)
+
+
+def _record_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord,
+                           consistent: int) -> dict:
+    """Record a new epoch begun from the snapshot at ``consistent`` (:func:`_new_snapshot_epoch`)."""
+    published = _published_frontier(remap, ctx.tables)
+    skipped = max(published[""], record.start[""])
+    start = record.start.join(Frontier.of({"": consistent}))
+    gaps = [{"partition": "", "start": skipped, "end": consistent, "recorded_at": now_ms(),
+             "bound_at": [remap.into_time_of("", skipped), remap.into_time_of("", consistent - 1)],
+             "corrected_by_snapshot_at": consistent}] if consistent > skipped else []
+    epoch = {"began_at": remap.upper, "base": [], "identity": record.identity, "snapshot_at": consistent,
+             "start": [list(pair) for pair in start], "recorded_at": now_ms(),
+             "replaced": {"identity": record.identity, "start": [list(pair) for pair in record.start],
+                          "why": ["a fresh snapshot replaces the replication slot's changes"]}}
+    if ctx.tables.remap_upper() != remap.upper:  # a tick committed since remap was read: look again
+        raise ConcurrentWriteError(f"{name}: a tick committed to remap meanwhile; run new-epoch again (the "
+                                   "landed snapshot is kept)")
+    ctx.tables.record_upstream(record._replace(start=start, gaps=record.gaps + gaps, epochs=record.epochs + [epoch]))
+    log.warning("%s: epoch %d begins at IntoTime %d from the snapshot at %s; changes [%d, %d) not read one by one",
+                name, len(record.epochs) + 1, remap.upper, consistent, skipped, consistent)
+    return {"epoch": len(record.epochs) + 1, "began_at": remap.upper, "snapshot_at": consistent,
+            "start": start.as_json(), "gaps": gaps}
 
 
 def _published_frontier(remap: Remap, tables: SourceTables) -> Frontier:

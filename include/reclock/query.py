@@ -95,18 +95,18 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
 
 
 def _register_typed(df, contents, name: str, column: str) -> None:
-    """A typed view per upstream table (:func:`reclock.pg_types.view_name`): its rows of ``contents`` with every
-    column the published history knows for it (a column added later reads NULL before)."""
+    """A typed view per upstream table (:func:`reclock.pg_types.view_name`): its rows of ``contents`` with the
+    columns of the table's latest record in ``df``, the published history (:mod:`reclock.pg_types`)."""
     from pyspark.sql import functions as F
 
-    from .pg_types import latest_columns, typed_columns, view_name
+    from .pg_types import parse_columns, typed_columns, view_name
 
-    seen: dict[str, list[str]] = {}
-    for r in df.where(F.col(column).isNotNull()).select("table", column).distinct().collect():
-        seen.setdefault(r["table"], []).append(r[column])
-    for table, texts in seen.items():
-        rows = contents.where(F.col("table") == table)
-        rows.select(*typed_columns(F.col("row"), latest_columns(texts))).createOrReplaceTempView(view_name(name, table))
+    position = F.struct("into_time", (F.col("partition") == "").alias("change"), "offset", "seq")
+    latest = df.where(F.col(column).isNotNull()).groupBy("table").agg(F.max_by(column, position).alias(column))
+    for r in latest.collect():
+        rows = contents.where(F.col("table") == r["table"])
+        rows.select(*typed_columns(F.col("row"), parse_columns(r[column]))).createOrReplaceTempView(
+            view_name(name, r["table"]))
 
 
 def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, config_path: str | None = None):

@@ -106,11 +106,18 @@ class ExportedSnapshot(NamedTuple):
     name: str            # for SET TRANSACTION SNAPSHOT
     consistent_lsn: int  # the slot's consistent point C
     uppers: dict         # snapshot partition -> blocks << 16 (tables with no block are left out)
+    tables: tuple = ()   # every table of the publication ("schema.name"), empty ones too
 
     @property
     def spec(self) -> dict:
         """What a worker's source needs to read the snapshot's partitions (``exported=`` kwarg)."""
         return {"name": self.name, "consistent_lsn": self.consistent_lsn}
+
+    def every_table(self) -> dict:
+        """A snapshot partition for every table, empty ones too, with room for a resync marker at offset 0
+        (:mod:`reclock.truncate`; a ctid offset is never 0): partition -> upper, at least 1."""
+        return {p: max(self.uppers.get(p, 0), 1) for p in (snapshot_partition(t, self.consistent_lsn)
+                                                            for t in self.tables)}
 
 
 class PostgresSource:
@@ -299,7 +306,8 @@ class PostgresSource:
                     " pg_relation_size(format('%%I.%%I', schemaname, tablename)::regclass) / current_setting('block_size')::int"
                     " FROM pg_publication_tables WHERE pubname = %s ORDER BY 1", (self.publication,)).fetchall()
             self._upper = lsn
-            yield ExportedSnapshot(name, lsn, {snapshot_partition(t, lsn): n << _TID_SHIFT for t, n in blocks if n})
+            yield ExportedSnapshot(name, lsn, {snapshot_partition(t, lsn): n << _TID_SHIFT for t, n in blocks if n},
+                                   tuple(t for t, _ in blocks))
         finally:
             conn.close()
 
@@ -315,18 +323,47 @@ class PostgresSource:
         except psycopg.Error as e:
             raise SourceError(f"postgres: reading the snapshot {name!r} of slot {self.slot!r}: {e}") from e
 
-    def _read_snapshot(self, partition: str, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
-        """The rows of a snapshot partition with ``start <= ctid offset < end``, in ctid order."""
+    def _exported_table(self, partition: str) -> tuple[str, str, str]:
+        """``(table, schema, name)`` of a snapshot partition of the exported snapshot this source reads."""
         table, lsn = parse_snapshot_partition(partition)
         if not self._exported or self._exported.get("consistent_lsn") != lsn:
-            raise SourceError(f"{partition}: the initial snapshot of {table} at {int_to_lsn(lsn)} is read from "
+            raise SourceError(f"{partition}: the snapshot of {table} at {int_to_lsn(lsn)} is read from "
                               "where the pipeline landed it; its exported snapshot is gone")
         schema, _, name = table.partition(".")
+        return table, schema, name
+
+    @staticmethod
+    def _snapshot_columns(cur: "psycopg.Cursor", schema: str, name: str) -> list[tuple]:
+        return cur.execute(
+            "SELECT attname, atttypid::int, atttypmod FROM pg_attribute WHERE attrelid = %s::regclass"
+            " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+            (sql.Identifier(schema, name).as_string(cur.connection),)).fetchall()
+
+    def resync_markers(self, snapshot: ExportedSnapshot) -> list[tuple[str, dict[str, Any], int, int]]:
+        """``(partition, data, offset 0, diff 0)``: a resync marker (:mod:`reclock.truncate`) for every table of
+        ``snapshot`` (:meth:`ExportedSnapshot.every_table`), with its columns under the snapshot; staging replaces
+        it by what the table's rows changed since the published history."""
+        markers = []
+        with self._snapshot_transaction(snapshot.name) as cur:
+            for partition in snapshot.every_table():
+                table, _ = parse_snapshot_partition(partition)
+                schema, _, name = table.partition(".")
+                described = columns_json(self._snapshot_columns(cur, schema, name))
+                markers.append((partition, {"table": table, "op": "resync", "row": None, "columns": described,
+                                            "xid": None, "seq": 0, "commit_time": None}, 0, 0))
+        return markers
+
+    @staticmethod
+    def snapshot_lsn(partition: str) -> int | None:
+        """The LSN a snapshot partition was taken at (its slot's consistent point); None for the changes' ``""``."""
+        parsed = parse_snapshot_partition(partition)
+        return parsed[1] if parsed else None
+
+    def _read_snapshot(self, partition: str, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
+        """The rows of a snapshot partition with ``start <= ctid offset < end``, in ctid order."""
+        table, schema, name = self._exported_table(partition)
         with self._snapshot_transaction(self._exported["name"]) as cur:
-            columns = cur.execute(
-                "SELECT attname, atttypid::int, atttypmod FROM pg_attribute WHERE attrelid = %s::regclass"
-                " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-                (sql.Identifier(schema, name).as_string(cur.connection),)).fetchall()
+            columns = self._snapshot_columns(cur, schema, name)
             names, oids, described = [c[0] for c in columns], [c[1] for c in columns], columns_json(columns)
             for oid in set(oids):  # each column as its output function's text, as pgoutput sends it
                 cur.adapters.register_loader(oid, _OutputText)
@@ -354,9 +391,11 @@ class PostgresSource:
         if self.snapshot and not self._upper:  # this process never saw the slot
             return SourceError(f"replication slot {self.slot!r} does not exist: either {self!r} has not started (its "
                                "first tick creates the slot with the tables' initial snapshot) or the slot was dropped "
-                               "(its changes are lost upstream; README: a lost replication slot)")
+                               "(its changes are lost upstream: `reclock new-epoch <source>` starts the source over "
+                               "from a fresh snapshot; README: a lost replication slot)")
         return SourceError(f"replication slot {self.slot!r} no longer exists (dropped?): its changes are lost "
-                           "upstream; recreate the source from a fresh snapshot")
+                           "upstream; `reclock new-epoch <source>` starts the source over from a fresh snapshot, "
+                           "publishing what the tables changed meanwhile (README: a lost replication slot)")
 
     def _confirmed(self) -> int:
         rows = self._sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
