@@ -24,6 +24,7 @@ earlier times are unchanged.  The output rows carry the marker's coordinates and
 """
 from __future__ import annotations
 
+from functools import reduce
 from typing import Callable
 
 TRUNCATE, RESYNC = "truncate", "resync"
@@ -34,8 +35,9 @@ def expand_truncates(batch, before, snapshot_lsn: Callable[[str], int] | None = 
     """``batch`` (Spark, reclocked columns) with every marker replaced by its diffs (module doc).
 
     ``snapshot_lsn`` gives a snapshot partition's LSN ``C`` (needed only when the batch has resync markers:
-    without it every snapshot partition comes before every change).  ``batch`` is read once per marker: give a
-    materialized one (e.g. ``localCheckpoint``).
+    without it every snapshot partition comes before every change).  Markers of different tables are independent;
+    a table's own markers apply in order, its rows checkpointed between them.  ``batch`` is read once per table
+    with markers: give a materialized one (e.g. ``localCheckpoint``).
     """
     from pyspark.sql import functions as F
 
@@ -54,21 +56,34 @@ def expand_truncates(batch, before, snapshot_lsn: Callable[[str], int] | None = 
         return (at[m["partition"]], -2) if m["partition"] != "" else (m["offset"], m["seq"])
 
     rows = batch.where(~is_marker | F.col("op").isNull())
-    columns = batch.columns
-    for m in sorted(markers, key=position):
-        c, s = position(m)
-        ours = F.col("table") == m["table"]
-        earlier = ours & ((lsn < c) | ((lsn == c) & (seq < s)))
-        held = (before.where(F.col("table") == m["table"]).select("row", "diff")
-                .unionByName(rows.where(earlier).select("row", "diff"))
-                .groupBy("row").agg(F.sum("diff").alias("n")).where(F.col("n") > 0))
-        if m["op"] == RESYNC:
-            rows, held = _resync(rows, held, m["partition"])
-        fixed = {c: F.lit(m[c]).cast(batch.schema[c].dataType) for c in columns if c not in ("row", "diff")}
-        retractions = held.select(*[fixed[c].alias(c) if c in fixed else
-                                    (-F.col("n")).alias("diff") if c == "diff" else F.col(c) for c in columns])
-        rows = rows.unionByName(retractions)
-    return rows
+    tables = sorted({m["table"] for m in markers})
+    parts = [rows.where(~F.col("table").isin(*tables))]  # markers of one table leave the others as they are
+    for table in tables:
+        ours = sorted((m for m in markers if m["table"] == table), key=position)
+        table_rows = rows.where(F.col("table") == table)
+        for i, m in enumerate(ours):
+            table_rows = _expand(table_rows, before.where(F.col("table") == table), m, position(m), lsn, seq)
+            if i + 1 < len(ours):  # each marker reads what the earlier ones made: keep the plan flat
+                table_rows = table_rows.localCheckpoint(eager=True)
+        parts.append(table_rows)
+    return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def _expand(rows, before, m, at: tuple[int, int], lsn, seq):
+    """``rows`` (one table's) with marker ``m`` at position ``at`` replaced by its diffs (module doc)."""
+    from pyspark.sql import functions as F
+
+    c, s = at
+    earlier = (lsn < c) | ((lsn == c) & (seq < s))
+    held = (before.select("row", "diff").unionByName(rows.where(earlier).select("row", "diff"))
+            .groupBy("row").agg(F.sum("diff").alias("n")).where(F.col("n") > 0))
+    if m["op"] == RESYNC:
+        rows, held = _resync(rows, held, m["partition"])
+    columns = rows.columns
+    fixed = {c: F.lit(m[c]).cast(rows.schema[c].dataType) for c in columns if c not in ("row", "diff")}
+    retractions = held.select(*[fixed[c].alias(c) if c in fixed else
+                                (-F.col("n")).alias("diff") if c == "diff" else F.col(c) for c in columns])
+    return rows.unionByName(retractions)
 
 
 def _resync(rows, held, partition: str):
