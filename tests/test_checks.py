@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from reclock.checks import ChecksFailed, check_dead_letters, check_reclocked, check_remap
+from reclock.checks import ChecksFailed, check_dead_letters, check_primary_keys, check_reclocked, check_remap
 from reclock.engine import Frontier, Remap, Update, reclock
 
 REMAP = (Remap()
@@ -160,3 +160,45 @@ def test_dead_letters_are_counted_and_checked(dead, failing):
     count = next(r for r in report.results if r.name == "dead_letter.count")
     assert count.success and count.observed == len(dead) and report.rows == len(dead)
     assert "PASS dead_letter.count: records of the batch that could not be decoded" in report.summary()
+
+
+# Postgres-like histories (table, row JSON, partition, offset, diff) for the primary-key check.
+ACCT, LOG, PAIR = "public.acct", "public.log", "public.pair"
+KEYS = {ACCT: ["id"], PAIR: ["a", "b"]}  # public.log has no primary key
+HELD = [(ACCT, '{"id":1,"bal":"1"}', "", 100, 1), (ACCT, '{"id":2,"bal":"2"}', "", 100, 1),
+        (PAIR, '{"a":1,"b":"x"}', "", 100, 1), (LOG, '{"m":"hi"}', "", 100, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("published, staged, keys, failing", [
+    (HELD, [(ACCT, '{"id":1,"bal":"1"}', "", 200, -1), (ACCT, '{"id":1,"bal":"5"}', "", 200, 1)], KEYS, []),
+    (HELD, [(ACCT, '{"id":1,"bal":"1"}', "", 200, -1), (ACCT, '{"id":3,"bal":"1"}', "", 200, 1)], KEYS, []),
+    (HELD, [(LOG, '{"m":"hi"}', "", 200, 1), (LOG, '{"m":"hi"}', "", 300, 1)], KEYS, []),
+    (HELD, [(PAIR, '{"a":1,"b":"y"}', "", 200, 1), (PAIR, '{"a":2,"b":"x"}', "", 200, 1)], KEYS, []),
+    (HELD + [(ACCT, '{"id":2,"bal":"9"}', "", 150, 1)], [(ACCT, '{"id":4}', "", 200, 1)], KEYS, []),
+    (HELD, [(ACCT, '{"id":1,"bal":"5"}', "", 200, 1)], KEYS, [(ACCT, '{"id":"1"}', 200)]),
+    (HELD, [(ACCT, '{"id":7}', "", 200, 1), (ACCT, '{"id":7}', "", 300, 1)], KEYS, [(ACCT, '{"id":"7"}', 300)]),
+    (HELD, [(PAIR, '{"a":1,"b":"x","c":true}', "", 200, 1)], KEYS, [(PAIR, '{"a":"1","b":"x"}', 200)]),
+    ([], [(ACCT, '{"id":1}', "public.acct@0/10", 65537, 1), (ACCT, '{"id":1}', "", 200, 1)], KEYS,
+     [(ACCT, '{"id":"1"}', 65537)]),  # where: the greatest (offset, partition), here the snapshot row's
+    (HELD, [(ACCT, '{"id":1,"bal":"5"}', "", 200, 1)], {}, []),
+], ids=["update", "key-updated", "no-key-duplicates", "composite", "untouched", "duplicate-insert", "replayed",
+        "composite-duplicate", "snapshot-and-change", "no-table-with-a-key"])
+def test_primary_key_held_at_most_once(spark, published, staged, keys, failing):
+    """Per table with a primary key, the keys the batch touches are held at most once AS OF the new upper over the
+    published history and the batch; a table without one may hold a row twice; a failure names table, key and
+    where the batch last changed it."""
+    schema = "table string, row string, partition string, offset long, diff long"
+    report = check_primary_keys(spark.createDataFrame(published, schema), spark.createDataFrame(staged, schema), keys)
+    result, = report.results
+    assert result.name == "reclocked.primary_key_unique" and result.success == (not failing), report.summary()
+    if failing:
+        assert result.unexpected_count == len(failing)
+        assert [(r["table"], r["key"], r["offset"]) for r in result.sample] == failing, result.sample
+
+
+@pytest.mark.slow
+def test_primary_keys_not_recorded_fail(spark):
+    frame = spark.createDataFrame(HELD, "table string, row string, partition string, offset long, diff long")
+    report = check_primary_keys(frame, frame, None)
+    assert report.failed == ["reclocked.primary_key_unique"] and "stage it again" in report.summary()

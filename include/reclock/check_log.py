@@ -57,7 +57,7 @@ def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, 
 
 def write(uri: str, record: Mapping[str, Any], storage_options: Mapping[str, str] | None = None) -> str:
     """Store ``record`` as ``<uri>/last_check.json`` (replacing the previous one); the path written."""
-    fs, base = _filesystem(uri, storage_options)
+    fs, base = filesystem(uri, storage_options)
     path = f"{base}/{FILE_NAME}"
     data = json.dumps(record, sort_keys=True, default=str).encode()
     if isinstance(fs, pafs.LocalFileSystem):
@@ -74,7 +74,7 @@ def write(uri: str, record: Mapping[str, Any], storage_options: Mapping[str, str
 
 def read(uri: str, storage_options: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The last record under ``uri``, or None when the source was never checked."""
-    fs, base = _filesystem(uri, storage_options)
+    fs, base = filesystem(uri, storage_options)
     try:
         with fs.open_input_stream(f"{base}/{FILE_NAME}") as f:
             data = f.read()
@@ -98,7 +98,7 @@ def record(tables: "SourceTables", name: str, reports: Mapping[str, "CheckReport
     return result
 
 
-def _filesystem(uri: str, storage_options: Mapping[str, str] | None) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str, storage_options: Mapping[str, str] | None) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem for ``uri`` and the path of ``uri`` on it."""
     if "://" not in uri or uri.startswith("file://"):
         path = uri[len("file://"):] if uri.startswith("file://") else uri

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -228,6 +228,62 @@ def check_consolidated(published, staged, content: list[str], label=None) -> Che
     Postgres LSN).
     """
     import great_expectations.expectations as gxe
+
+    consolidated, index = _consolidated(published, staged, content, label)
+    return _validate("reclocked history", consolidated, index, {
+        "reclocked.consolidates": (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", min_value=0),
+                                   "every record's multiplicity AS OF the new upper is >= 0 (no retraction of "
+                                   "a record the history does not hold)")})
+
+
+PRIMARY_KEY_UNIQUE = "reclocked.primary_key_unique"
+
+
+def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[str]] | None,
+                       label=None) -> CheckReport:
+    """Check that publishing ``staged`` leaves at most one live row per primary key AS OF the new upper.
+
+    ``primary_keys``: ``{table: [column, ...]}`` of the tables with a primary key (a Postgres source's
+    ``primary_keys``, recorded when the batch was staged; None when none was recorded: the check fails, the
+    batch must be staged again).  Per table with one, ``key`` is the JSON object of the row's key columns
+    (from the ``row`` JSON) and, for the keys the batch touches only, over ``published`` and the batch::
+
+        multiplicity(table, key) = sum(diff)  <=  1
+
+    A key held twice (a duplicate insert, changes replayed twice) fails, naming the table, the key and where
+    the batch last changed it (``partition``, ``offset``, ``label``), as :func:`check_consolidated` does.
+    """
+    import great_expectations.expectations as gxe
+
+    subject = "reclocked history per primary key"
+    description = "every primary key is held by at most one row AS OF the new upper (tables with a primary key)"
+    if primary_keys is None:
+        return CheckReport(subject, 0, (CheckResult(
+            PRIMARY_KEY_UNIQUE, "expect_column_values_to_be_between", False, description,
+            error="no primary keys were recorded with the staged batch: stage it again"),))
+    consolidated, index = _consolidated(_with_primary_key(published, primary_keys),
+                                        _with_primary_key(staged, primary_keys), ["table", "key"], label)
+    return _validate(subject, consolidated, index, {
+        PRIMARY_KEY_UNIQUE: (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", max_value=1), description)})
+
+
+def _with_primary_key(df, primary_keys: Mapping[str, Sequence[str]]):
+    """The rows of ``df`` (``table``, ``row`` JSON) whose table has a primary key, with ``key``: the JSON object of
+    the row's key columns, in key order (``{"id":"1"}``; values as text)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType, StringType
+
+    values = F.from_json("row", MapType(StringType(), StringType()))
+    key = F.lit(None).cast("string")
+    for table, names in primary_keys.items():
+        key = F.when(F.col("table") == table, F.to_json(F.struct(*[values[n].alias(n) for n in names]))).otherwise(key)
+    return df.where(F.col("table").isin(list(primary_keys)) & F.col("row").isNotNull()).withColumn("key", key)
+
+
+def _consolidated(published, staged, content: list[str], label=None):
+    """Per ``content`` the batch ``staged`` touches: its ``multiplicity`` (sum of ``diff`` over ``published`` and
+    ``staged``) and where the batch last changed it (``partition``, ``offset``, ``at`` = ``label`` when given);
+    and the columns that identify a row in a report."""
     from pyspark.sql import functions as F
 
     at = [F.max(F.struct("offset", "partition")).alias("_at")]
@@ -239,11 +295,7 @@ def check_consolidated(published, staged, content: list[str], label=None) -> Che
                             F.col("_at.offset").alias("offset")))
     if label is not None:
         consolidated = consolidated.withColumn("at", label)
-    index = [*content, "partition", "offset"] + (["at"] if label is not None else [])
-    return _validate("reclocked history", consolidated, index, {
-        "reclocked.consolidates": (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", min_value=0),
-                                   "every record's multiplicity AS OF the new upper is >= 0 (no retraction of "
-                                   "a record the history does not hold)")})
+    return consolidated, [*content, "partition", "offset"] + (["at"] if label is not None else [])
 
 
 def with_expected_into_time(batch, remap: Remap):

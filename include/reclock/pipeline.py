@@ -440,6 +440,7 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
 
     A record that cannot be decoded fails the step, naming source, partition and offset; with
     ``on_bad_record: dead_letter`` it is staged apart, for the dead-letter table (``dead_letters``: how many).
+    A source with ``primary_keys`` (Postgres) has its tables' primary keys staged with the batch, for the checks.
     """
     from .spark_source import split_bad_records, worker_source_error
 
@@ -464,8 +465,9 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
         records, dead_letters = split_bad_records(df, name)
         if dead_letters is not None:  # both read the batch: once from the upstream
             df.persist()
+        keys = getattr(ctx.upstream, "primary_keys", None)  # for the checks, which do not contact the upstream
         try:
-            rows = ctx.tables.stage(records, upto, dead_letters)
+            rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -486,10 +488,11 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
     A source whose records are diffs (Postgres, CDC v2) also has its consolidated history checked
-    (:func:`reclock.checks.check_consolidated`), in Spark.
+    (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
+    too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
     """
     from . import check_log
-    from .checks import check_consolidated, check_dead_letters, check_reclocked, check_remap
+    from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked, check_remap
 
     diffs = not load_config(config_path).source(name).offsets_unique
     with open_source(name, config_path, connect=False, spark=(spark or True) if diffs else None) as ctx:
@@ -504,10 +507,13 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
                 results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, window[0])
             if diffs:
                 label = getattr(ctx.source, "spark_offset_label", None)
+                published, staged = ctx.tables.read_reclocked_spark(), ctx.tables.read_staged_spark(window[1])
                 results["history"] = check_consolidated(
-                    ctx.tables.read_reclocked_spark(), ctx.tables.read_staged_spark(window[1]),
-                    list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
+                    published, staged, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
                     label() if label else None)
+                if hasattr(ctx.source, "primary_keys"):
+                    keys = (ctx.tables.staged_metadata(window[1]) or {}).get("primary_keys")
+                    results["primary_key"] = check_primary_keys(published, staged, keys, label() if label else None)
         check_log.record(ctx.tables, name, results, window, remap.upper)  # durable before raising
         for report in results.values():
             report.raise_for_failure()

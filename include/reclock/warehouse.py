@@ -25,7 +25,9 @@ reads at a pinned table version with Delta time travel (``versionAsOf``).
 Spark stages a batch of reclocked rows as Parquet under ``<source>/staged/upto=<t>/<attempt>/``
 (outside the Delta tables: a fresh attempt directory per :meth:`SourceTables.stage`, ``_SUCCESS``
 marks a complete one); :meth:`SourceTables.publish_staged` appends the latest complete attempt to
-the reclocked table in one idempotent commit, then removes the staged files.
+the reclocked table in one idempotent commit, then removes the staged files.  What the checks need to
+know of a batch from the upstream (a Postgres source's primary keys) is written first, as the attempt's
+``_batch.json`` (:meth:`SourceTables.staged_metadata`), so ``_SUCCESS`` covers it too.
 
 ``<root>/<name>/landing`` holds records a source could not serve again later, landed once in the
 warehouse (a Postgres source's initial snapshot, read under a snapshot that dies with its
@@ -75,6 +77,7 @@ REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock
 LANDING_APP = "reclock.landing"  # version = number of landings
 DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime whose dead letters are in
 STAGED_DEAD_LETTERS = "_dead_letter"  # under a staged attempt: the batch's dead letters
+STAGED_METADATA = "_batch.json"  # under a staged attempt: what the checks need of the batch (SourceTables.stage)
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
@@ -580,17 +583,27 @@ class SourceTables:
         """
         return self._spark_path(_attempt_dir(_upto_dir(upto)))
 
-    def stage(self, df, upto: int, dead_letters=None) -> int:
+    def stage(self, df, upto: int, dead_letters=None, metadata: dict | None = None) -> int:
         """Write a Spark DataFrame of reclocked rows up to ``upto`` as a fresh staged attempt; rows staged.
 
         ``dead_letters``: a Spark DataFrame of the batch's records that could not be decoded (columns of
         :func:`dead_letter_schema`), written first, under the attempt's ``_dead_letter/``, so that the
-        attempt's ``_SUCCESS`` marks both complete.  0 and nothing written when ``upto`` is already published.
+        attempt's ``_SUCCESS`` marks both complete.  ``metadata``: what the checks need to know of the batch
+        from the upstream (JSON-able; :meth:`staged_metadata`), written first too, as the attempt's
+        ``_batch.json``.  0 and nothing written when ``upto`` is already published.
         """
         if self.reclocked_upper() > upto:
             return 0
         attempt = _attempt_dir(_upto_dir(upto))
         writer = df.select(*self.schemas["reclocked"].names).write
+        if metadata is not None:
+            from .check_log import filesystem
+
+            fs, base = filesystem(self.uri, self.storage_options)
+            fs.create_dir(f"{base}/{attempt}", recursive=True)
+            with fs.open_output_stream(f"{base}/{attempt}/{STAGED_METADATA}") as f:
+                f.write(json.dumps(metadata, sort_keys=True).encode())
+            writer = writer.mode("append")  # into the attempt directory created for it
         if dead_letters is not None:
             self._typed(dead_letters, "dead_letter").write.parquet(self._spark_path(f"{attempt}/{STAGED_DEAD_LETTERS}"))
             writer = writer.mode("append")  # into the attempt directory the dead letters created
@@ -615,6 +628,17 @@ class SourceTables:
             return None
         return pads.dataset([i.path for i in files], schema=self.schemas["dead_letter"], filesystem=fs,
                             format="parquet").to_table().to_pandas()
+
+    def staged_metadata(self, upto: int) -> dict | None:
+        """The ``metadata`` staged with the latest complete attempt for ``upto`` (:meth:`stage`); None when it has
+        none."""
+        fs = self._fs()
+        _, attempt = self._attempts(fs, upto)
+        try:
+            with fs.open_input_stream(f"{attempt}/{STAGED_METADATA}") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
 
     def _staged_dead_letter_files(self, fs: pafs.FileSystem, attempt: str) -> list[pafs.FileInfo] | None:
         directory = f"{attempt}/{STAGED_DEAD_LETTERS}"

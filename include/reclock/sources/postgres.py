@@ -387,6 +387,23 @@ class PostgresSource:
                          (sql.Identifier(schema, name).as_string(self._connection()), list(columns)))
         return [r[0] for r in rows]
 
+    def primary_keys(self, tables: Sequence[str] | None = None) -> dict[str, list[str]]:
+        """``{"schema.name": [column, ...]}``: the primary key columns, in key order, of ``tables`` (default: the
+        publication's tables), from the catalog (``pg_index.indisprimary``); tables without one are left out.
+
+        Not from the WAL: with ``REPLICA IDENTITY FULL`` pgoutput's Relation message flags every column as key."""
+        published = tables is None
+        rows = self._sql(
+            "SELECT format('%%s.%%s', n.nspname, c.relname), array_agg(a.attname::text ORDER BY k.ord)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " CROSS JOIN unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum"
+            " WHERE i.indisprimary AND (CASE WHEN %s THEN EXISTS (SELECT 1 FROM pg_publication_tables p"
+            " WHERE p.pubname = %s AND p.schemaname = n.nspname AND p.tablename = c.relname)"
+            " ELSE format('%%s.%%s', n.nspname, c.relname) = ANY(%s) END)"
+            " GROUP BY 1 ORDER BY 1", (published, self.publication, [] if published else list(tables)))
+        return {table: list(columns) for table, columns in rows}
+
     def _dropped(self) -> SourceError:
         if self.snapshot and not self._upper:  # this process never saw the slot
             return SourceError(f"replication slot {self.slot!r} does not exist: either {self!r} has not started (its "
