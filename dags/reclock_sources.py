@@ -18,8 +18,14 @@ schedule) fails at its tick, pointing here: it would tick now instead of replayi
 ``reclock_txn_<name>`` (one per ``transactions`` entry): publishes the complete Debezium transactions of
 two reclocked Kafka sources (``reclock.transactions``).
 
+Every task has an ``execution_timeout``; the steps that talk to an upstream or commit to Delta retry with
+exponential backoff (a broker or database restarting, a lost commit race); a failed check is an answer,
+not a fault, and is not retried (:data:`TASK_POLICY`).  Tasks that start Spark run in the pool
+``reclock_spark`` (create it: ``airflow pools set reclock_spark <slots> "reclock Spark work"``; the
+demo's and the tests' Airflow homes have it).  Parsing this file has no side effect.
+
 The Spark task uses the connection ``reclock_spark``.  Unless the environment already defines
-``AIRFLOW_CONN_RECLOCK_SPARK`` itself, this file defines it from the config's ``spark.master``
+``AIRFLOW_CONN_RECLOCK_SPARK`` itself, the task defines it when it runs, from the config's ``spark.master``
 (``{"conn_type": "spark", "host": "<master>"}``: the provider takes a spark-type host with no port
 as the whole master URL, so ``local[2]``, ``yarn``, ``spark://h:7077`` and ``k8s://https://h`` all work).
 For ``local``/``spark://`` masters spark-submit and the job's Python are this venv's; for remote
@@ -31,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -50,11 +56,51 @@ BACKFILL_SCHEDULE = "0 * * * *"  # one backfill run replays one hour of IntoTime
 BACKFILL_START = datetime(1970, 1, 1, tzinfo=timezone.utc)  # IntoTimes of any date can be backfilled
 
 
+SPARK_POOL = "reclock_spark"
+#: task_id -> (retries, execution_timeout, starts Spark): see the module doc.
+TASK_POLICY = {
+    "tick": (3, timedelta(hours=2), True),  # a Postgres source's first tick copies its tables
+    "reclock": (2, timedelta(hours=6), True),
+    "check": (0, timedelta(hours=1), True),
+    "publish": (2, timedelta(hours=1), True),
+    "resume": (3, timedelta(minutes=15), False),
+    "compact": (1, timedelta(hours=2), True),
+    "backfill_run": (0, timedelta(minutes=5), False),
+    "replay": (0, timedelta(hours=6), True),  # its refusals (window compacted, released) are answers
+    "publish_transactions": (2, timedelta(hours=2), True),
+}
+RETRY_DELAY, RETRY_BACKOFF, MAX_RETRY_DELAY = timedelta(seconds=30), 2.0, timedelta(minutes=10)
+
+
+def task_policy(task_id: str) -> dict:
+    """The operator arguments of :data:`TASK_POLICY` for ``task_id``."""
+    retries, timeout, spark = TASK_POLICY[task_id]
+    return {"retries": retries, "retry_delay": RETRY_DELAY, "retry_exponential_backoff": RETRY_BACKOFF,
+            "max_retry_delay": MAX_RETRY_DELAY, "execution_timeout": timeout,
+            **({"pool": SPARK_POOL} if spark else {})}
+
+
 def define_spark_connection(master: str) -> None:
     """Point ``reclock_spark`` at ``master`` unless the deployment defined the connection itself."""
     current = os.environ.get(_CONN_VAR)
     if current is None or _MANAGED in current:
         os.environ[_CONN_VAR] = json.dumps({"conn_type": "spark", "host": master, "extra": {_MANAGED: True}})
+
+
+class ReclockSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit through the connection ``reclock_spark``, defined from the config's Spark master when the task
+    runs (:func:`define_spark_connection`), not when the DAG file is parsed."""
+
+    def __init__(self, *, master: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reclock_master = master
+
+    def define_connection(self) -> None:
+        define_spark_connection(self.reclock_master)
+
+    def execute(self, context):
+        self.define_connection()
+        return super().execute(context)
 
 
 def spark_submit_args(config: Config, source: SourceConfig) -> dict:
@@ -67,6 +113,7 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     bin_dir = Path(sys.executable).parent  # the venv's bin, not resolved through the python symlink
     same_python = config.spark_master.startswith(("local", "spark://"))
     return {
+        "master": config.spark_master,
         "application": str(SPARK_JOB),
         "application_args": ["--config", str(config.path), "--source", source.name],
         "conn_id": SPARK_CONN_ID,
@@ -100,7 +147,7 @@ def reclock_dag(dag_id: str, schedule, start_date, doc_md: str, tags: tuple[str,
 
 def pipeline_task(step: str, name: str, config_path: str):
     """A task running ``reclock.pipeline.<step>`` for source ``name`` (imported when it runs, not at parse)."""
-    @task(task_id=step)
+    @task(task_id=step, **task_policy(step))
     def run() -> dict:
         from reclock import pipeline
         return getattr(pipeline, step)(name, config_path)
@@ -120,7 +167,7 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 "tick (bind the source frontier) >> reclock (Spark stages the new records) >> check "
                 "(Great Expectations) >> publish >> resume (commit offsets upstream) >> compact"),
     ) as dag:
-        @task
+        @task(**task_policy("tick"))
         def tick(dag_run=None) -> dict:
             if run_type(dag_run) == "backfill":  # only possible with a schedule; it would tick now
                 raise AirflowFailException(f"a backfill of reclock_{name} would tick now, not replay its interval: "
@@ -128,7 +175,8 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
             from reclock import pipeline
             return pipeline.tick(name, config_path)
 
-        previous = tick() >> SparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source))
+        previous = tick() >> ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
+                                                        **task_policy("reclock"))
         for step in ("check", "publish", "resume", "compact"):
             previous = previous >> pipeline_task(step, name, config_path)
     return dag
@@ -155,7 +203,7 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
                 "compaction frontier, not yet published, or needing records upstream already released are "
                 "refused. Scheduled and manual runs replay nothing."),
     ) as dag:
-        @task.short_circuit
+        @task.short_circuit(**task_policy("backfill_run"))
         def backfill_run(dag_run=None) -> bool:
             if run_type(dag_run) != "backfill":
                 print(f"a {run_type(dag_run)} run: only backfill runs replay a window")
@@ -164,7 +212,8 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
         args = spark_submit_args(config, source)
         args["application_args"] += ["--replay-interval", _ms("data_interval_start"), _ms("data_interval_end"),
                                      "--mode", "{{ params.backfill_mode }}"]
-        replay = SparkSubmitOperator(task_id="replay", **{**args, "name": f"reclock-backfill-{name}"})
+        replay = ReclockSparkSubmitOperator(task_id="replay", **{**args, "name": f"reclock-backfill-{name}"},
+                                            **task_policy("replay"))
         backfill_run() >> replay
     return dag
 
@@ -179,7 +228,7 @@ def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
                 f"`{config.warehouse}`. A transaction is published once complete and after every earlier one. "
                 "Each run processes every IntoTime both sources have published."),
     ) as dag:
-        @task
+        @task(**task_policy("publish_transactions"))
         def publish_transactions() -> dict:
             from reclock.transactions import publish_transactions
             return publish_transactions(txn.name, txn.data_source, txn.tx_source, config_path)
@@ -189,7 +238,6 @@ def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
 
 
 def build_all(config: Config) -> dict[str, DAG]:
-    define_spark_connection(config.spark_master)
     builders = [(f"source {source.name}", source.schedule, (build_dag, build_backfill_dag), source)
                 for source in config.sources.values()]
     builders += [(f"transactions {txn.name}", txn.schedule, (build_transactions_dag,), txn)

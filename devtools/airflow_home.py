@@ -46,8 +46,13 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stderr: bool 
     return proc.stdout
 
 
+SPARK_POOL, SPARK_POOL_SLOTS = "reclock_spark", 4  # the DAGs' pool for Spark work (dags/reclock_sources.py)
+
+
 def migrate(home: Path, env: dict[str, str]) -> Path:
-    """``airflow db migrate`` in ``home``; returns the SQLite file."""
+    """``airflow db migrate`` in ``home`` and the pool of the DAGs' Spark tasks; returns the SQLite file."""
     home.mkdir(parents=True, exist_ok=True)
     run([AIRFLOW, "db", "migrate"], env, timeout=300)
+    run([AIRFLOW, "pools", "set", SPARK_POOL, str(SPARK_POOL_SLOTS), "reclock: tasks that start Spark"], env,
+        timeout=120)
     return home / "airflow.db"

@@ -1,12 +1,13 @@
 """The generated DAGs, parsed by a real DagBag in a subprocess with a temp AIRFLOW_HOME and config."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from airflow_env import DAGS_FOLDER, PYTHON, REPO, airflow_env, prepare_home, run_dag_test, run_python
+from airflow_env import DAGS_FOLDER, PYTHON, REPO, airflow_env, prepare_home, run, run_dag_test, run_python
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 
 ORDER = ["tick", "reclock", "check", "publish", "resume", "compact"]
@@ -50,13 +51,21 @@ from airflow.models import DagBag
 out = {}
 for case, config in CASES.items():
     os.environ["RECLOCK_CONFIG"] = config
+    before = dict(os.environ)
     bag = DagBag(dag_folder=DAGS)
+    side_effects = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))
     dags = {}
     for dag_id, dag in bag.dags.items():
         if dag_id.startswith("reclock_backfill_"):  # tests/test_backfill.py describes these
             continue
         spark = dag.get_task("reclock")
+        parsed_conn = os.environ.get("AIRFLOW_CONN_RECLOCK_SPARK")
+        spark.define_connection()  # what the task does when it runs
         dags[dag_id] = {
+            "policy": {t.task_id: [t.retries, t.retry_delay.total_seconds(), t.retry_exponential_backoff,
+                                   t.max_retry_delay.total_seconds(), t.execution_timeout.total_seconds(), t.pool]
+                       for t in dag.tasks},
+            "connection_at_parse": parsed_conn,
             "downstream": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
             "schedule": dag.schedule, "timetable": type(dag.timetable).__name__,
             "cron": getattr(dag.timetable, "expression", None),
@@ -66,7 +75,9 @@ for case, config in CASES.items():
                       "env_vars": spark.env_vars, "binary": spark._spark_binary, "conn_id": spark._conn_id,
                       "master": spark._get_hook()._connection["master"]},
         }
-    out[case] = {"dags": dags, "errors": {os.path.basename(k): v for k, v in bag.import_errors.items()}}
+    os.environ.pop("AIRFLOW_CONN_RECLOCK_SPARK", None)
+    out[case] = {"dags": dags, "errors": {os.path.basename(k): v for k, v in bag.import_errors.items()},
+                 "side_effects": side_effects}
 emit(out)
 """
 
@@ -112,6 +123,36 @@ def test_schedule_and_dag_settings(parsed):
     for dag in (orders, clicks):
         assert (dag["catchup"], dag["max_active_runs"], dag["tags"]) == (False, 1, ["reclock"])
     assert "Reclock `clicks` (kafka)" in clicks["doc_md"] and '"topic": "clicks"' in clicks["doc_md"]
+
+
+def test_parsing_has_no_side_effects(parsed):
+    for case in ("good", "pg_files", "bad_cron"):
+        assert parsed[case]["side_effects"] == [], case
+    assert parsed["good"]["dags"]["reclock_orders"]["connection_at_parse"] is None
+
+
+# task: (retries, execution_timeout in s, pool): retries back off exponentially from 30 s (x2, at most 10 min)
+POLICY = {"tick": (3, 7200, "reclock_spark"), "reclock": (2, 21600, "reclock_spark"),
+          "check": (0, 3600, "reclock_spark"), "publish": (2, 3600, "reclock_spark"),
+          "resume": (3, 900, "default_pool"), "compact": (1, 7200, "reclock_spark")}
+
+
+@pytest.mark.parametrize("task", ORDER)
+def test_retries_timeouts_and_pool(parsed, task):
+    retries, timeout, pool = POLICY[task]
+    for case, dag_id in (("good", "reclock_orders"), ("pg_files", "reclock_pg")):
+        assert parsed[case]["dags"][dag_id]["policy"][task] == [retries, 30.0, 2.0, 600.0, timeout, pool]
+
+
+def test_dags_report_parses_in_under_a_second(tmp_path, airflow_db_template):
+    """``airflow dags report``: the DAG file of the demo's config parses in under 1 s."""
+    env = prepare_home(tmp_path / "airflow", REPO / "include" / "sources.yaml", db_template=airflow_db_template)
+    out = run([str(Path(PYTHON).parent / "airflow"), "dags", "report", "-o", "json"], env, stderr=False)
+    [report] = [r for r in json.loads(out.strip().splitlines()[-1]) if r["file"].endswith("reclock_sources.py")]
+    seconds = float(str(report["duration"]).rstrip("s").split(":")[-1]) if ":" in str(report["duration"]) \
+        else float(str(report["duration"]).rstrip("s"))
+    assert seconds < 1.0, report
+    assert int(report["dag_num"]) >= 2 and int(report["task_num"]) >= 12, report
 
 
 def test_description_masks_credentials(parsed):
