@@ -3,7 +3,8 @@
 #   1. migrate the metadata DB (Postgres),
 #   2. write the simple auth manager's password file (user $AIRFLOW_ADMIN_USER, password
 #      $AIRFLOW_ADMIN_PASSWORD) so the UI login is known instead of generated,
-#   3. import the DAGs, failing with the import errors if dags/ or $RECLOCK_CONFIG is broken.
+#   3. create the pool of the DAGs' Spark tasks (reclock_spark, $RECLOCK_SPARK_POOL_SLOTS slots, default 2),
+#   4. import the DAGs, failing with the import errors if dags/ or $RECLOCK_CONFIG is broken.
 set -euo pipefail
 
 echo "airflow-init: airflow db migrate"
@@ -19,6 +20,9 @@ with open(path, "w") as f:
     f.write("\n")
 os.chmod(path, 0o600)
 PY
+
+echo "airflow-init: pool reclock_spark"
+airflow pools set reclock_spark "${RECLOCK_SPARK_POOL_SLOTS:-2}" "reclock: tasks that start Spark"
 
 echo "airflow-init: importing the DAGs in ${AIRFLOW__CORE__DAGS_FOLDER} with ${RECLOCK_CONFIG}"
 python - <<'PY'
