@@ -18,6 +18,12 @@ schedule) fails at its tick, pointing here: it would tick now instead of replayi
 ``reclock_txn_<name>`` (one per ``transactions`` entry): publishes the complete Debezium transactions of
 two reclocked Kafka sources (``reclock.transactions``).
 
+Assets: each source DAG's ``publish`` task updates the Asset of the source's reclocked table
+(:func:`reclocked_asset`: the table's URI, name ``reclock_<name>_reclocked``), its event's extra saying
+``{"source", "reclocked_upper", "published"}`` (every IntoTime below ``reclocked_upper`` is published).
+A transactions DAG with ``schedule: assets`` (the default) runs when both its sources' Assets were
+updated since its last run, and processes the IntoTimes both have published.
+
 Every task has an ``execution_timeout``; the steps that talk to an upstream or commit to Delta retry with
 exponential backoff (a broker or database restarting, a lost commit race); a failed check is an answer,
 not a fault, and is not retried (:data:`TASK_POLICY`).  Tasks that start Spark run in the pool
@@ -41,10 +47,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from reclock.config import Config, ConfigError, SourceConfig, TransactionsConfig, load_config
+from reclock.config import ASSETS, Config, ConfigError, SourceConfig, TransactionsConfig, load_config
 from reclock.spark_session import session_conf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +151,26 @@ def reclock_dag(dag_id: str, schedule, start_date, doc_md: str, tags: tuple[str,
                tags=["reclock", *tags], doc_md=doc_md, **kwargs)
 
 
+def reclocked_asset(config: Config, name: str) -> Asset:
+    """The Asset of source ``name``'s reclocked table: its location (``file://`` for a local warehouse)."""
+    from reclock.warehouse import Warehouse
+
+    uri = f"{Warehouse(config.warehouse).source_uri(name)}/reclocked"
+    return Asset(uri=uri if "://" in uri else f"file://{uri}", name=f"reclock_{name}_reclocked", group="reclock")
+
+
+def publish_task(name: str, config_path: str, asset: Asset):
+    """``publish``, updating the source's Asset with the new IntoTime upper in the event's extra."""
+    @task(task_id="publish", outlets=[asset], **task_policy("publish"))
+    def publish(outlet_events=None) -> dict:
+        from reclock import pipeline
+        result = pipeline.publish(name, config_path)
+        outlet_events[asset].extra = {"source": name, "reclocked_upper": result["reclocked_upper"],
+                                      "published": bool(result["published"])}
+        return result
+    return publish()
+
+
 def pipeline_task(step: str, name: str, config_path: str):
     """A task running ``reclock.pipeline.<step>`` for source ``name`` (imported when it runs, not at parse)."""
     @task(task_id=step, **task_policy(step))
@@ -177,7 +203,9 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
 
         previous = tick() >> ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
                                                         **task_policy("reclock"))
-        for step in ("check", "publish", "resume", "compact"):
+        previous = previous >> pipeline_task("check", name, config_path)
+        previous = previous >> publish_task(name, config_path, reclocked_asset(config, name))
+        for step in ("resume", "compact"):
             previous = previous >> pipeline_task(step, name, config_path)
     return dag
 
@@ -221,8 +249,10 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
 def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
     """``reclock_txn_<name>``: publish the complete Debezium transactions of two reclocked Kafka sources."""
     config_path = str(config.path)
+    schedule = ([reclocked_asset(config, txn.data_source), reclocked_asset(config, txn.tx_source)]
+                if txn.schedule == ASSETS else txn.schedule)
     with reclock_dag(
-        f"reclock_txn_{txn.name}", txn.schedule, txn.start_date,
+        f"reclock_txn_{txn.name}", schedule, txn.start_date,
         doc_md=(f"### Debezium transactions `{txn.name}`\n\nData source `{txn.data_source}`, transaction "
                 f"source `{txn.tx_source}`; writes `{txn.name}_txn_output` and `{txn.name}_txn_temp` under "
                 f"`{config.warehouse}`. A transaction is published once complete and after every earlier one. "

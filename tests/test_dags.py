@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -202,8 +203,9 @@ def test_dag_test_runs_every_task(tmp_path, airflow_db_template):
         "import sys, types, reclock\n"
         "calls = []\n"
         "stub = types.ModuleType('reclock.pipeline')\n"
-        "for step in ('tick', 'check', 'publish', 'resume', 'compact'):\n"
+        "for step in ('tick', 'check', 'resume', 'compact'):\n"
         "    setattr(stub, step, lambda name, path, step=step: calls.append(step) or {'step': step})\n"
+        "stub.publish = lambda name, path: {'published': True, 'reclocked_upper': 4242}\n"
         "sys.modules['reclock.pipeline'] = reclock.pipeline = stub\n")
     config = write_config(tmp_path / "conf")
     env = prepare_home(tmp_path / "airflow", config, db_template=airflow_db_template)
@@ -213,3 +215,9 @@ def test_dag_test_runs_every_task(tmp_path, airflow_db_template):
     assert result["state"] == "success", result["output"][-3000:]
     assert set(result["tasks"].values()) == {"success"} and len(result["tasks"]) == len(ORDER)
     assert f"JOB {PYTHON} ['--config', '{config}', '--source', 'orders']" in result["output"]
+    with sqlite3.connect(tmp_path / "airflow" / "airflow.db") as db:  # publish updated the source's Asset
+        events = db.execute("SELECT a.name, a.uri, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id"
+                            ).fetchall()
+    assert [(n, u, json.loads(x)) for n, u, x in events] == [
+        ("reclock_orders_reclocked", f"file://{tmp_path / 'conf' / 'warehouse'}/orders/reclocked",
+         {"source": "orders", "reclocked_upper": 4242, "published": True})]

@@ -71,3 +71,29 @@ emit({{"errors": list(bag.import_errors), "tasks": [t.task_id for t in dag.tasks
     assert result["errors"] == []
     assert result["tasks"] == ["publish_transactions"]
     assert result["cron"] == "0 * * * *"
+
+
+def test_transactions_run_when_both_sources_have_published(tmp_path):
+    """``schedule: assets`` (the default): the DAG is scheduled on its two sources' reclocked-table Assets (all of
+    them), which their ``publish`` tasks update."""
+    path = write_config(tmp_path, [{k: v for k, v in MAIN[0].items() if k != "schedule"}])
+    assert load_config(path).transaction("main").schedule == "assets"
+    code = f"""
+import os
+os.environ["RECLOCK_CONFIG"] = {path!r}
+from airflow.models import DagBag
+bag = DagBag(dag_folder={str(DAGS_FOLDER)!r})
+dag = bag.dags["reclock_txn_main"]
+condition = dag.timetable.asset_condition
+emit({{"errors": list(bag.import_errors), "timetable": type(dag.timetable).__name__,
+       "condition": type(condition).__name__, "assets": sorted((a.name, a.uri) for a in condition.objects),
+       "outlets": {{n: [(a.name, a.uri) for a in bag.dags[f"reclock_{{n}}"].get_task("publish").outlets]
+                   for n in ("dbz_data", "dbz_tx", "other")}}}})
+"""
+    result = run_python(code, airflow_env(tmp_path / "airflow"), timeout=300)
+    assert result["errors"] == []
+    warehouse = tmp_path / "warehouse"
+    asset = {n: [f"reclock_{n}_reclocked", f"file://{warehouse}/{n}/reclocked"] for n in ("dbz_data", "dbz_tx", "other")}
+    assert (result["timetable"], result["condition"]) == ("AssetTriggeredTimetable", "AssetAll")
+    assert result["assets"] == [asset["dbz_data"], asset["dbz_tx"]]
+    assert result["outlets"] == {n: [a] for n, a in asset.items()}

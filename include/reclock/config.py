@@ -22,7 +22,8 @@ What is checked, besides the keys each mapping may have:
   ``None``, a mapping or a sequence (or a union of those) must have such a value; a number
   must be ``>= 0``, a duration in seconds (``*_s``) ``> 0``.
 * ``schedule``: null (or ``"None"``: manual runs only), an Airflow preset (:data:`SCHEDULE_PRESETS`)
-  or a cron expression that croniter accepts, as Airflow's cron timetables require.
+  or a cron expression that croniter accepts, as Airflow's cron timetables require.  A ``transactions``
+  entry may also say ``assets`` (its default): it runs when both its sources have published (Airflow Assets).
 * ``retention_ms`` (the AS OF window compaction keeps, default 7 days) is an integer ``> 0``.
 * ``vacuum_retention_hours`` (how long VACUUM keeps files that compaction replaced; default the
   AS OF window) may not be below the AS OF window unless ``force_vacuum: true``: a query or a
@@ -48,6 +49,8 @@ from .sources import ON_BAD_RECORD, SourceError, dead_letter_problem, source_kin
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "sources.yaml"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 HOUR_MS = 3600 * 1000
+#: A ``transactions`` schedule: run when every one of its sources has published (their Airflow Assets).
+ASSETS = "assets"
 #: Airflow's schedule presets (``airflow.sdk.definitions.dag``: @once, @continuous; its CRON_PRESETS: the others).
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -93,7 +96,7 @@ class TransactionsConfig:
     name: str
     data_source: str
     tx_source: str
-    schedule: str | None = None
+    schedule: str | None = None  # or ASSETS: when both sources have published
     start_date: datetime | None = None
 
 
@@ -268,8 +271,9 @@ def _parse_transactions(r: _Reader, entry: Any, where: str, sources: dict[str, S
             r.note(f"{where}.{key}", f"must name a configured source, got {entry.get(key)!r}")
         elif source.kind != "kafka":
             r.note(f"{where}.{key}", f"must be a kafka source, {source.name} is {source.kind}")
+    schedule = entry.get("schedule", ASSETS)
     return TransactionsConfig(name, entry.get("data_source"), entry.get("tx_source"),
-                              r.attempt(_schedule, r, entry.get("schedule"), f"{where}.schedule"),
+                              ASSETS if schedule == ASSETS else r.attempt(_schedule, r, schedule, f"{where}.schedule"),
                               r.attempt(_start_date, r, entry.get("start_date"), f"{where}.start_date"))
 
 
