@@ -24,11 +24,10 @@ Assets: each source DAG's ``publish`` task updates the Asset of the source's rec
 A transactions DAG with ``schedule: assets`` (the default) runs when both its sources' Assets were
 updated since its last run, and processes the IntoTimes both have published.
 
-Every task has an ``execution_timeout``; the steps that talk to an upstream or commit to Delta retry with
-exponential backoff (a broker or database restarting, a lost commit race); a failed check is an answer,
-not a fault, and is not retried (:data:`TASK_POLICY`).  Tasks that start Spark run in the pool
-``reclock_spark`` (create it: ``airflow pools set reclock_spark <slots> "reclock Spark work"``; the
-demo's and the tests' Airflow homes have it).  Parsing this file has no side effect.
+Every task has an ``execution_timeout`` and retries as :data:`reclock.orchestration.TASK_POLICY` says; tasks
+that start Spark run in the pool ``reclock_spark`` (create it: ``airflow pools set reclock_spark <slots>
+"reclock Spark work"``; the demo's and the tests' Airflow homes have it).  Parsing this file has no side
+effect.
 
 The Spark task uses the connection ``reclock_spark``.  Unless the environment already defines
 ``AIRFLOW_CONN_RECLOCK_SPARK`` itself, the task defines it when it runs, from the config's ``spark.master``
@@ -43,7 +42,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -51,6 +50,7 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import ASSETS, Config, ConfigError, SourceConfig, TransactionsConfig, load_config
+from reclock.orchestration import reclocked_asset, task_policy
 from reclock.spark_session import session_conf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,30 +60,6 @@ _CONN_VAR = f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}"
 _MANAGED = "reclock-managed"  # marks a connection this file defined, so a new master replaces it
 BACKFILL_SCHEDULE = "0 * * * *"  # one backfill run replays one hour of IntoTime
 BACKFILL_START = datetime(1970, 1, 1, tzinfo=timezone.utc)  # IntoTimes of any date can be backfilled
-
-
-SPARK_POOL = "reclock_spark"
-#: task_id -> (retries, execution_timeout, starts Spark): see the module doc.
-TASK_POLICY = {
-    "tick": (3, timedelta(hours=2), True),  # a Postgres source's first tick copies its tables
-    "reclock": (2, timedelta(hours=6), True),
-    "check": (0, timedelta(hours=1), True),
-    "publish": (2, timedelta(hours=1), True),
-    "resume": (3, timedelta(minutes=15), False),
-    "compact": (1, timedelta(hours=2), True),
-    "backfill_run": (0, timedelta(minutes=5), False),
-    "replay": (0, timedelta(hours=6), True),  # its refusals (window compacted, released) are answers
-    "publish_transactions": (2, timedelta(hours=2), True),
-}
-RETRY_DELAY, RETRY_BACKOFF, MAX_RETRY_DELAY = timedelta(seconds=30), 2.0, timedelta(minutes=10)
-
-
-def task_policy(task_id: str) -> dict:
-    """The operator arguments of :data:`TASK_POLICY` for ``task_id``."""
-    retries, timeout, spark = TASK_POLICY[task_id]
-    return {"retries": retries, "retry_delay": RETRY_DELAY, "retry_exponential_backoff": RETRY_BACKOFF,
-            "max_retry_delay": MAX_RETRY_DELAY, "execution_timeout": timeout,
-            **({"pool": SPARK_POOL} if spark else {})}
 
 
 def define_spark_connection(master: str) -> None:
@@ -149,14 +125,6 @@ def reclock_dag(dag_id: str, schedule, start_date, doc_md: str, tags: tuple[str,
     """A reclock DAG: one run at a time, no catch-up (every step works from durable state, not dates)."""
     return DAG(dag_id=dag_id, schedule=schedule, start_date=start_date, catchup=False, max_active_runs=1,
                tags=["reclock", *tags], doc_md=doc_md, **kwargs)
-
-
-def reclocked_asset(config: Config, name: str) -> Asset:
-    """The Asset of source ``name``'s reclocked table: its location (``file://`` for a local warehouse)."""
-    from reclock.warehouse import Warehouse
-
-    uri = f"{Warehouse(config.warehouse).source_uri(name)}/reclocked"
-    return Asset(uri=uri if "://" in uri else f"file://{uri}", name=f"reclock_{name}_reclocked", group="reclock")
 
 
 def publish_task(name: str, config_path: str, asset: Asset):

@@ -56,8 +56,12 @@ for case, config in CASES.items():
     bag = DagBag(dag_folder=DAGS)
     side_effects = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))
     dags = {}
+    examples = {}
     for dag_id, dag in bag.dags.items():
-        if dag_id.startswith("reclock_backfill_"):  # tests/test_backfill.py describes these
+        if dag_id.startswith("reclock_example_"):
+            examples[dag_id] = {"assets": sorted(a.name for a in dag.timetable.asset_condition.objects),
+                                "tasks": {t.task_id: t.pool for t in dag.tasks}}
+        if dag_id.startswith(("reclock_backfill_", "reclock_example_")):  # test_backfill.py describes backfills
             continue
         spark = dag.get_task("reclock")
         parsed_conn = os.environ.get("AIRFLOW_CONN_RECLOCK_SPARK")
@@ -76,9 +80,10 @@ for case, config in CASES.items():
                       "env_vars": spark.env_vars, "binary": spark._spark_binary, "conn_id": spark._conn_id,
                       "master": spark._get_hook()._connection["master"]},
         }
+        os.environ.pop("AIRFLOW_CONN_RECLOCK_SPARK", None)  # as the task's own process would have it
     os.environ.pop("AIRFLOW_CONN_RECLOCK_SPARK", None)
     out[case] = {"dags": dags, "errors": {os.path.basename(k): v for k, v in bag.import_errors.items()},
-                 "side_effects": side_effects}
+                 "side_effects": side_effects, "examples": examples}
 emit(out)
 """
 
@@ -104,6 +109,15 @@ def test_one_dag_per_source_without_errors(parsed):
     assert good["errors"] == {}
     assert sorted(good["dags"]) == ["reclock_clicks", "reclock_orders"]
     assert sorted(parsed["demo"]["dags"]) == ["reclock_clicks", "reclock_orders"]
+
+
+def test_example_as_of_join_runs_on_its_sources_assets(parsed):
+    """With orders and clicks configured, the example DAG is scheduled on both their Assets; without, not built."""
+    for case in ("good", "demo"):
+        assert parsed[case]["examples"] == {"reclock_example_as_of_join": {
+            "assets": ["reclock_clicks_reclocked", "reclock_orders_reclocked"],
+            "tasks": {"publish_as_of": "reclock_spark"}}}, case
+    assert parsed["pg_files"]["examples"] == {} and parsed["pg_files"]["errors"] == {}
 
 
 @pytest.mark.parametrize("case, dag_id", [("good", "reclock_orders"), ("good", "reclock_clicks"),

@@ -113,3 +113,37 @@ def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, config_
     """Run Spark SQL over the named sources as of IntoTime ``t``."""
     register_as_of(spark, t, names, config_path)
     return spark.sql(sql)
+
+
+AS_OF_COLUMN = "as_of"
+
+
+def publish_as_of(target: str, sql: str, names: list[str], config_path: str | None = None, spark=None) -> dict:
+    """Run ``sql`` over ``names`` AS OF the latest IntoTime all of them can answer, ``t = upper - 1`` of
+    :func:`common_readable`, and write its rows, with a column ``as_of = t``, to the Delta table
+    ``<warehouse>/<target>``: the rows of an earlier run at the same ``t`` are replaced (a rerun is
+    idempotent), those of other times are kept.  ``{"as_of": None}`` when no IntoTime is readable in all."""
+    from pyspark.sql import functions as F
+
+    from .spark_session import get_spark
+    from .warehouse import Warehouse
+
+    config = load_config(config_path)
+    if target in config.sources:
+        raise QueryError(f"{target} is a source: the AS OF result needs another name")
+    since, upper = common_readable(names, config_path)
+    if upper <= max(since, 0):
+        return {"target": target, "as_of": None, "rows": 0, "why": f"no IntoTime is readable in all of {names}"}
+    t = upper - 1
+    spark = spark or get_spark(config.spark_master, f"reclock-as-of-{target}", s3=config.warehouse.startswith("s3"),
+                               conf=config.spark_conf)
+    rows = query_as_of(spark, sql, t, names, config_path).withColumn(AS_OF_COLUMN, F.lit(t).cast("long"))
+    uri = Warehouse(config.warehouse, config.storage_options).spark_uri(target)
+    from delta.tables import DeltaTable
+
+    writer = rows.write.format("delta")
+    if DeltaTable.isDeltaTable(spark, uri):
+        writer = writer.mode("overwrite").option("replaceWhere", f"{AS_OF_COLUMN} = {t}")
+    writer.save(uri)
+    count = spark.read.format("delta").load(uri).where(F.col(AS_OF_COLUMN) == t).count()
+    return {"target": target, "as_of": t, "rows": count, "sources": names}

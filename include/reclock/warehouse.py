@@ -252,6 +252,10 @@ class Warehouse:
         """Where source ``name``'s tables (and its last check record) live."""
         return f"{self.root}/{name}"
 
+    def spark_uri(self, name: str) -> str:
+        """``name``'s place in the warehouse as Spark spells it (``s3a://`` for S3)."""
+        return _spark_uri(self.source_uri(name))
+
     def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
                offset_type: pa.DataType = offsets.INT64, spark=None) -> "SourceTables":
         """The tables of source ``name``; with a Spark session, created on first use (schema checked otherwise)."""

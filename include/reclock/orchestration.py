@@ -1,0 +1,51 @@
+"""What the Airflow DAG files share: how each task runs, and the Asset of a source's reclocked table.
+
+Task policy (:data:`TASK_POLICY`): every task has an ``execution_timeout``; the steps that talk to an
+upstream or commit to Delta retry with exponential backoff (a broker or database restarting, a lost commit
+race: ``RETRY_DELAY * RETRY_BACKOFF**n``, at most ``MAX_RETRY_DELAY``); a failed check or a refused replay is
+an answer, not a fault, and is not retried.  Tasks that start Spark run in the pool :data:`SPARK_POOL`.
+
+Asset (:func:`reclocked_asset`): the location of a source's reclocked table (``file://`` for a local
+warehouse), named ``reclock_<name>_reclocked``.  A source DAG's ``publish`` updates it with
+``{"source", "reclocked_upper", "published"}`` in the event's extra; DAGs that read several sources AS OF
+one IntoTime are scheduled on their Assets (all of them).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from .config import Config
+
+SPARK_POOL = "reclock_spark"
+#: task_id -> (retries, execution_timeout, starts Spark)
+TASK_POLICY = {
+    "tick": (3, timedelta(hours=2), True),  # a Postgres source's first tick copies its tables
+    "reclock": (2, timedelta(hours=6), True),
+    "check": (0, timedelta(hours=1), True),
+    "publish": (2, timedelta(hours=1), True),
+    "resume": (3, timedelta(minutes=15), False),
+    "compact": (1, timedelta(hours=2), True),
+    "backfill_run": (0, timedelta(minutes=5), False),
+    "replay": (0, timedelta(hours=6), True),  # its refusals (window compacted, released) are answers
+    "publish_transactions": (2, timedelta(hours=2), True),
+    "publish_as_of": (2, timedelta(hours=1), True),
+}
+RETRY_DELAY, RETRY_BACKOFF, MAX_RETRY_DELAY = timedelta(seconds=30), 2.0, timedelta(minutes=10)
+
+
+def task_policy(task_id: str) -> dict:
+    """The operator arguments of :data:`TASK_POLICY` for ``task_id``."""
+    retries, timeout, spark = TASK_POLICY[task_id]
+    return {"retries": retries, "retry_delay": RETRY_DELAY, "retry_exponential_backoff": RETRY_BACKOFF,
+            "max_retry_delay": MAX_RETRY_DELAY, "execution_timeout": timeout,
+            **({"pool": SPARK_POOL} if spark else {})}
+
+
+def reclocked_asset(config: Config, name: str):
+    """The Asset of source ``name``'s reclocked table."""
+    from airflow.sdk import Asset
+
+    from .warehouse import Warehouse
+
+    uri = f"{Warehouse(config.warehouse).source_uri(name)}/reclocked"
+    return Asset(uri=uri if "://" in uri else f"file://{uri}", name=f"reclock_{name}_reclocked", group="reclock")
