@@ -279,8 +279,8 @@ def test_python_read_dead_letters_what_its_source_cannot_decode(spark, tmp_path)
     a, b = fingerprint(b"a0\n"), fingerprint(b"b0\n")
     spec = {"kind": "files", "url": str(tmp_path)}
     ranges = [(7, a, 0, 6), (8, a, 6, 11), (8, b, 0, 3)]
-    records, dead_letters = spark_source.split_bad_records(read_ranges(spark, spec, ranges, on_bad_record="dead_letter"),
-                                                           "s")
+    read = read_ranges(spark, spec, ranges, on_bad_record="dead_letter")
+    records, dead_letters = spark_source.split_bad_records(read, "s")
     assert sorted(tuple(r) for r in records.collect()) == [("a0", a, 0, 7, 1), ("a2", a, 6, 8, 1), ("b0", b, 0, 8, 1)]
     with build_source(spec) as source:
         errors = {}
