@@ -255,8 +255,9 @@ def test_vacuum_retention_is_at_least_the_as_of_window_unless_forced(tmp_path, s
     ("kafka", {"encoding": "ascii"}, "dead_letter", None),
     ("kafka", {"encoding": "utf-16-le"}, "dead_letter",
      r"on_bad_record: dead_letter: encoding 'utf-16-le' is read record by record in Python"),
-    ("files", {"url": "/data"}, "dead_letter",
-     r"on_bad_record: dead_letter: kind files stops at a record it cannot decode; only kafka can"),
+    ("files", {"url": "/data"}, "dead_letter", None),  # its read yields a line it cannot decode as a BadRecord
+    ("postgres", {"dsn": "postgresql:///x", "slot": "s"}, "dead_letter",
+     r"on_bad_record: dead_letter: kind postgres stops at a record it cannot decode; only kafka and files can"),
     ("files", {"url": "/data"}, "fail", None),
     ("kafka", {}, "skip", r"\(orders\)\.on_bad_record: must be one of fail, dead_letter, got 'skip'$"),
 ])

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from reclock.engine import Frontier
 from reclock.sources import SourceError, build_source
+from reclock.sources.base import BadRecord, reads_bad_records
 from reclock.sources.files import COMMITTED_NAME, FileSource, by_preference, fingerprint, region_end
 
 
@@ -371,10 +372,17 @@ def test_committed_path_configurable(where):
 
 def test_undecodable_line(where):
     url, append, *_ = where
-    append("a.txt", b"ok\n\xff\xfe\n")
-    src = FileSource(url)
-    with pytest.raises(SourceError, match=r"'a.txt'\) byte offset 3.*utf-8"):
-        list(src.read(fp(b"ok\n"), 0, src.upper()[fp(b"ok\n")]))
+    append("a.txt", b"ok\n\xff\xfe\nlast\n")
+    src, a = FileSource(url), fp(b"ok\n")
+    with pytest.raises(SourceError, match=r"'a.txt'\) byte offset 3.*utf-8") as failed:
+        list(src.read(a, 0, src.upper()[a]))
+    assert str(failed.value).startswith(f"{url} file {a} (key 'a.txt') byte offset 3: line is not valid utf-8: ")
+    # on_bad_record="dead_letter": the line comes back as a BadRecord with its bytes and that error; the read goes on
+    assert list(src.read(a, 0, 11, on_bad_record="dead_letter")) == [
+        ({"line": "ok"}, 0, 1), (BadRecord(b"\xff\xfe", str(failed.value)), 3, 1), ({"line": "last"}, 6, 1)]
+    with pytest.raises(SourceError, match="on_bad_record must be one of"):
+        src.read(a, 0, 11, on_bad_record="skip")
+    assert reads_bad_records(src) and FileSource.dead_letter_problem({"url": url}) is None
     assert lines(FileSource(url, encoding="latin-1"), "a.txt", 3, 6) == [("\xff\xfe", 3, 1)]
     with pytest.raises(SourceError, match="newline"):
         FileSource(url, encoding="utf-16")

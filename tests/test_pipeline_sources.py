@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -279,6 +280,40 @@ def test_files_rotation_end_to_end(spark, tmp_path):
     assert sorted(names.values()) == ["app.log", "app.log.1", "app.log.2"]
     assert Counter(r["line"] for r in view(spark, config, "logs", 3_000)) == Counter(list(at))
     assert set(assert_resumed("logs", config).partitions) == {r["partition"] for r in rows}  # commit by identity
+
+
+def test_files_bad_line_fails_or_is_dead_lettered(spark, tmp_path):
+    """A line not valid utf-8 stops staging by default, naming file and byte offset; with on_bad_record:
+    dead_letter the tick goes on: the good lines are published, the bad one is bound like them and is in
+    logs_dead_letter with its coordinates, raw bytes and error; the checks and the progress page count it."""
+    from reclock.progress import collect
+    from reclock.sources.files import fingerprint
+
+    root = tmp_path / "in"
+    root.mkdir()
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(root)}))
+    (root / "a.log").write_bytes(b"ok 1\n\xff\xfe bad\nok 2\n")  # lines at bytes 0, 5, 12
+    a = fingerprint(b"ok 1\n")
+    error = f"{root} file {a} (key 'a.log') byte offset 5: line is not valid utf-8: 'utf-8' codec can't decode " \
+            "byte 0xff in position 0: invalid start byte"
+    with pytest.raises(SourceError, match=rf"^logs: staging IntoTimes \d+\.\.1000 failed: {re.escape(error)}$"):
+        pipeline.run_once("logs", config, spark, now=1_000)  # on_bad_record: fail, the default
+
+    edit_config(config, lambda doc: doc["sources"][0].update(on_bad_record="dead_letter"))
+    with open(root / "a.log", "ab") as f:
+        f.write(b"ok 3\n")  # byte 17
+    done = pipeline.run_once("logs", config, spark, now=2_000)
+    assert done["stage"]["dead_letters"] == 1 and done["publish"]["reclocked_upper"] == 2_001
+    assert sorted((r["line"], r["offset"], r["into_time"]) for r in reclocked("logs", config)) == [
+        ("ok 1", 0, 1_000), ("ok 2", 12, 1_000), ("ok 3", 17, 2_000)]
+    assert assert_resumed("logs", config) == Frontier.of({a: 22})  # committed past the bad line
+    with pipeline.open_source("logs", config, connect=False, spark=spark) as ctx:
+        rows = [tuple(r) for r in ctx.tables.read_dead_letters_spark(spark).collect()]
+    assert rows == [("logs", a, 5, 1_000, None, b"\xff\xfe bad", error)]
+    checked = check_log.read(f"{tmp_path}/warehouse/logs")
+    results = {r["name"]: r for r in checked["reports"]["dead_letter"]["results"]}
+    assert results["dead_letter.count"]["observed"] == 1 and all(r["success"] for r in results.values())
+    assert collect(config, upstream=False)["sources"][0]["dead_letters"] == 1
 
 
 # --- Kafka: a malformed record -----------------------------------------------------------------

@@ -268,6 +268,34 @@ def test_dead_letters_need_a_read_that_goes_on(spark, kafka_broker, kafka_topic)
         read_ranges(spark, kafka_spec_of(kafka_broker, topic), [(1, 0, 0, 1)], on_bad_record="skip")
 
 
+def test_python_read_dead_letters_what_its_source_cannot_decode(spark, tmp_path):
+    """A source without a native read whose read yields BadRecords (files) is read with on_bad_record="dead_letter"
+    by the Python data source: the lines that decode as with "fail", the others as dead letters with their
+    coordinates, IntoTime, raw bytes (as value, no key) and the error "fail" stops at."""
+    from reclock.sources.files import fingerprint
+
+    (tmp_path / "a.log").write_bytes(b"a0\n\xc3\x28\na2\n\x80\n")  # lines at bytes 0, 3, 6, 9
+    (tmp_path / "b.log").write_bytes(b"b0\n")
+    a, b = fingerprint(b"a0\n"), fingerprint(b"b0\n")
+    spec = {"kind": "files", "url": str(tmp_path)}
+    ranges = [(7, a, 0, 6), (8, a, 6, 11), (8, b, 0, 3)]
+    read = read_ranges(spark, spec, ranges, on_bad_record="dead_letter")
+    records, dead_letters = spark_source.split_bad_records(read, "s")
+    assert sorted(tuple(r) for r in records.collect()) == [("a0", a, 0, 7, 1), ("a2", a, 6, 8, 1), ("b0", b, 0, 8, 1)]
+    with build_source(spec) as source:
+        errors = {}
+        for offset, end in ((3, 6), (9, 11)):
+            with pytest.raises(SourceError) as failed:
+                list(source.read(a, offset, end))
+            errors[offset] = str(failed.value)
+    assert sorted(tuple(r) for r in dead_letters.collect()) == [
+        ("s", a, 3, 7, None, b"\xc3\x28", errors[3]), ("s", a, 9, 8, None, b"\x80", errors[9])]
+    assert "byte offset 9: line is not valid utf-8" in errors[9]
+    empty = read_ranges(spark, spec, [], on_bad_record="dead_letter")
+    assert empty.columns == ["line", "partition", "offset", "into_time", "diff", *spark_source.BAD_RECORD_COLUMNS]
+    assert empty.count() == 0
+
+
 def reference_rows_for(source, ranges) -> list[tuple]:
     """Each range read record by record, stamped with its IntoTime."""
     return by_position((d["key"], d["value"], d["timestamp_ms"], p, o, t, diff)

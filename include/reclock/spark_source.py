@@ -10,7 +10,8 @@ Options of the "reclock" data source (strings, as every Spark option):
 
 * ``spec``: JSON of the source spec, ``{"kind": "kafka", ...kwargs}`` (see :func:`reclock.sources.build_source`);
 * ``ranges``: JSON list of ``[into_time, partition, start, end]`` (a :class:`reclock.engine.Range` dumps to that);
-* ``max_task_offsets``: optional, the widest offset span of one read task (``0``: no limit).
+* ``max_task_offsets``: optional, the widest offset span of one read task (``0``: no limit);
+* ``on_bad_record``: optional, ``fail`` (the default) or ``dead_letter`` (below).
 
 Contiguous ranges of one partition are coalesced into read tasks of at most
 ``MAX_TASK_OFFSETS`` offsets (:func:`segments`; a source may declare its own ``max_task_offsets``,
@@ -24,8 +25,10 @@ source's ``offset_type`` (:mod:`reclock.offsets`: int64, or an order-preserving 
 A source whose records may not decode (``on_bad_record`` of the sources file) is read with
 ``on_bad_record="dead_letter"`` by a ``spark_read`` that takes it: every record comes back, those that
 could not be decoded with :data:`BAD_RECORD_COLUMNS` set, and :func:`split_bad_records` parts them into
-the records and the rows of the source's dead-letter table.  Only native reads can do so (Kafka's): the
-data source below stops at a record its source cannot decode.
+the records and the rows of the source's dead-letter table.  The data source below does the same for a
+source whose ``read`` yields a :class:`~reclock.sources.base.BadRecord` for such a record (its class sets
+``reads_bad_records``: files): the row has its data columns null, the error, a null raw key and the raw
+bytes as raw value.  For any other source it stops at a record the source cannot decode.
 
 Native reads need what they read with on the session (Kafka: the spark-sql-kafka jars, which
 :func:`reclock.spark_session.get_spark` loads), and no Python workers.  For the Python data source,
@@ -52,7 +55,7 @@ from . import offsets
 from .engine import Frontier, Range
 from .engine.upstream import earlier_epoch_problems, upstream_ranges
 from .sources import ON_BAD_RECORD, build_source
-from .sources.base import SourceError
+from .sources.base import BadRecord, SourceError, reads_bad_records
 from .spark_session import spark_schema
 
 NAME = "reclock"
@@ -66,17 +69,32 @@ _SOURCE_ERROR_TAG = "reclock.sources.base.SourceError: "
 _WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*?)(?:\s+SQLSTATE: \w+)?\s*$", re.M)
 
 
-def output_arrow_schema(source) -> pa.Schema:
-    """The rows the data source yields: the source's data columns, then partition, offset, into_time, diff."""
-    clash = [f.name for f in source.data_schema if f.name in META_COLUMNS]
+def output_arrow_schema(source, on_bad_record: str = "fail") -> pa.Schema:
+    """The rows the data source yields: the source's data columns, then partition, offset, into_time, diff
+    (and :data:`BAD_RECORD_COLUMNS` with ``on_bad_record="dead_letter"``)."""
+    clash = [f.name for f in source.data_schema if f.name in META_COLUMNS + BAD_RECORD_COLUMNS]
     if clash:
-        raise SourceError(f"source data columns {clash} clash with reclock's columns {list(META_COLUMNS)}")
+        raise SourceError(f"source data columns {clash} clash with reclock's columns "
+                          f"{list(META_COLUMNS + BAD_RECORD_COLUMNS)}")
+    error, raw_key, raw_value = BAD_RECORD_COLUMNS
+    bad = [pa.field(error, pa.string()), pa.field(raw_key, pa.binary()), pa.field(raw_value, pa.binary())]
     return pa.schema(list(source.data_schema) + [
         pa.field("partition", source.partition_type, nullable=False),
         pa.field("offset", offsets.offset_type_of(source), nullable=False),
         pa.field("into_time", pa.int64(), nullable=False),
         pa.field("diff", pa.int64(), nullable=False),
-    ])
+    ] + (bad if on_bad_record == "dead_letter" else []))
+
+
+def check_on_bad_record(on_bad_record: str, source=None) -> str:
+    """``on_bad_record`` when it is one of :data:`ON_BAD_RECORD` and, for ``dead_letter``, the Python read of
+    ``source`` can go on past a record it cannot decode; else a :class:`SourceError`."""
+    if on_bad_record not in ON_BAD_RECORD:
+        raise SourceError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+    if on_bad_record == "dead_letter" and source is not None and not reads_bad_records(source):
+        raise SourceError(f"{source!r} cannot dead-letter records (on_bad_record: {on_bad_record}): it is read "
+                          "record by record, which stops at a record it cannot decode")
+    return on_bad_record
 
 
 def _parse_spec(options: Mapping[str, str]) -> dict:
@@ -172,21 +190,26 @@ class ReclockDataSource(DataSource):
     def schema(self):
         source = build_source(_parse_spec(self.options))
         try:
-            return spark_schema(output_arrow_schema(source))
+            return spark_schema(output_arrow_schema(source, self._on_bad_record()))
         finally:
             source.close()
 
     def reader(self, schema) -> "ReclockReader":
         limit = int(self.options.get("max_task_offsets", MAX_TASK_OFFSETS))
-        return ReclockReader(_parse_spec(self.options), _parse_ranges(self.options), limit or None)
+        return ReclockReader(_parse_spec(self.options), _parse_ranges(self.options), limit or None,
+                             self._on_bad_record())
+
+    def _on_bad_record(self) -> str:
+        return check_on_bad_record(self.options.get("on_bad_record", "fail"))
 
 
 class ReclockReader(DataSourceReader):
     def __init__(self, spec: dict, ranges: list[tuple[int, Any, int, int]],
-                 max_offsets: int | None = MAX_TASK_OFFSETS) -> None:
+                 max_offsets: int | None = MAX_TASK_OFFSETS, on_bad_record: str = "fail") -> None:
         self.spec = spec
         self.ranges = ranges
         self.max_offsets = max_offsets
+        self.on_bad_record = on_bad_record
 
     def partitions(self) -> list[SegmentPartition]:
         parts = [SegmentPartition(i, seg) for i, seg in enumerate(segments(self.ranges, self.max_offsets))]
@@ -197,14 +220,20 @@ class ReclockReader(DataSourceReader):
             return
         source = build_source(self.spec)
         try:
-            yield from read_segment_batches(source, partition.segment)
+            yield from read_segment_batches(source, partition.segment, on_bad_record=self.on_bad_record)
         finally:
             source.close()
 
 
-def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one segment, columns as :func:`output_arrow_schema` (usable without Spark)."""
-    schema = output_arrow_schema(source)
+def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS,
+                         on_bad_record: str = "fail") -> Iterator[pa.RecordBatch]:
+    """Arrow batches of one segment, columns as :func:`output_arrow_schema` (usable without Spark).
+
+    ``on_bad_record="dead_letter"`` (a source that :func:`~reclock.sources.base.reads_bad_records`): a
+    :class:`~reclock.sources.base.BadRecord` the source yields is a row with its data columns null and
+    :data:`BAD_RECORD_COLUMNS` set to its error, null and its raw bytes; they are null on the other rows."""
+    dead_letter = check_on_bad_record(on_bad_record, source) == "dead_letter"
+    schema = output_arrow_schema(source, on_bad_record)
     offset_type = schema.field("offset").type
     names = [f.name for f in source.data_schema]
     columns: dict[str, list] = {n: [] for n in schema.names}
@@ -216,9 +245,17 @@ def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS)
             values.clear()
         return batch
 
-    for data, offset, diff in source.read(segment.partition, segment.start, segment.end):
+    error, raw_key, raw_value = BAD_RECORD_COLUMNS
+    records = (source.read(segment.partition, segment.start, segment.end, on_bad_record=on_bad_record) if dead_letter
+               else source.read(segment.partition, segment.start, segment.end))
+    for data, offset, diff in records:
+        bad = data if isinstance(data, BadRecord) else None
         for n in names:
-            columns[n].append(data.get(n))
+            columns[n].append(None if bad else data.get(n))
+        if dead_letter:
+            columns[error].append(bad.error if bad else None)
+            columns[raw_key].append(None)
+            columns[raw_value].append(bad.raw if bad else None)
         columns["partition"].append(segment.partition)
         columns["offset"].append(offset)
         columns["into_time"].append(segment.into_time(offset))
@@ -262,11 +299,11 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
     are gauge offsets, read upstream at ``offset - base`` and returned with their gauge offsets; a range
     below the base (an earlier epoch's records) is a :class:`SourceError` before anything is read.
 
-    ``on_bad_record="dead_letter"``: the frame has :data:`BAD_RECORD_COLUMNS` too (:func:`split_bad_records`);
-    a source without a native read that can do so is a :class:`SourceError`.
+    ``on_bad_record="dead_letter"``: the frame has :data:`BAD_RECORD_COLUMNS` too (:func:`split_bad_records`),
+    from a native read that takes it, else from the Python data source when the source's ``read`` can
+    (:func:`~reclock.sources.base.reads_bad_records`); any other source is a :class:`SourceError`.
     """
-    if on_bad_record not in ON_BAD_RECORD:
-        raise SourceError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+    check_on_bad_record(on_bad_record)
     spec = dict(spec)
     ranges = normalize_ranges(ranges)
     shifted = base is not None and bool(base.partitions)
@@ -278,16 +315,15 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
     source = build_source(spec)  # validates the spec on the driver
     try:
         native = getattr(source, "spark_read", None)
-        if on_bad_record == "fail":
-            df = native(spark, ranges) if native is not None else None
+        if native is None:
+            df = None
+        elif on_bad_record == "fail":
+            df = native(spark, ranges)
         else:
-            df = native(spark, ranges, on_bad_record=on_bad_record) if native is not None else None
-            if df is None:
-                raise SourceError(f"{source!r} cannot dead-letter records (on_bad_record: {on_bad_record}): it is read "
-                                  "record by record, which stops at a record it cannot decode")
+            df = native(spark, ranges, on_bad_record=on_bad_record)
     finally:
         source.close()
-    df = df if df is not None else read_ranges_python(spark, spec, ranges)
+    df = df if df is not None else read_ranges_python(spark, spec, ranges, on_bad_record)
     return _shifted(df, base) if shifted else df
 
 
@@ -318,13 +354,15 @@ def _shifted(df, base: Frontier):
     return df.withColumn("offset", (F.col("offset").cast("long") + shift).cast(df.schema["offset"].dataType))
 
 
-def read_ranges_python(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]]):
-    """:func:`read_ranges` through the "reclock" Python data source, whatever the source offers natively."""
+def read_ranges_python(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]], on_bad_record: str = "fail"):
+    """:func:`read_ranges` through the "reclock" Python data source, whatever the source offers natively
+    (``on_bad_record="dead_letter"``: for a source that :func:`~reclock.sources.base.reads_bad_records`)."""
     spec = dict(spec)
     ranges = normalize_ranges(ranges)
     source = build_source(spec)  # validates the spec on the driver; only its schema is used
     try:
-        schema = spark_schema(output_arrow_schema(source))
+        check_on_bad_record(on_bad_record, source)
+        schema = spark_schema(output_arrow_schema(source, on_bad_record))
         max_offsets = getattr(source, "max_task_offsets", MAX_TASK_OFFSETS)
     finally:
         source.close()
@@ -334,6 +372,7 @@ def read_ranges_python(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence
             .option("spec", json.dumps(spec))
             .option("ranges", json.dumps(ranges))
             .option("max_task_offsets", str(max_offsets or 0))
+            .option("on_bad_record", on_bad_record)
             .load())
 
 

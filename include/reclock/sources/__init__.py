@@ -15,7 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .base import Source, SourceError
+from .base import ON_BAD_RECORD, Source, SourceError
 
 SourceFactory = Callable[..., Source]
 
@@ -102,18 +102,14 @@ def source_options(kind: str) -> dict[str, inspect.Parameter] | None:
     return {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-#: What a source does with a record it cannot decode (``on_bad_record`` of the sources file): stop (the
-#: step fails naming source, partition and offset), or put it in its dead-letter table and go on.
-ON_BAD_RECORD = ("fail", "dead_letter")
-
-
 def dead_letter_problem(kind: str, options: Mapping[str, Any]) -> str | None:
     """Why a source of ``kind`` built from ``options`` cannot dead-letter the records it cannot decode
     (``on_bad_record: dead_letter``), or None.  A kind can when its class says so with a static
-    ``dead_letter_problem(options)`` (Kafka: its Spark read goes on past such a record)."""
+    ``dead_letter_problem(options)`` (Kafka: its Spark read goes on past such a record; files: its ``read``
+    yields a :class:`~reclock.sources.base.BadRecord` for it)."""
     check = getattr(_resolve(kind), "dead_letter_problem", None)
     if check is None:
-        return f"kind {kind} stops at a record it cannot decode; only kafka can dead-letter records"
+        return f"kind {kind} stops at a record it cannot decode; only kafka and files can dead-letter records"
     return check(options)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
@@ -12,6 +13,25 @@ from ..engine import Frontier, FrontierError, Partition
 
 class SourceError(RuntimeError):
     """The upstream is unreachable, went backwards, or returned something reclock cannot accept."""
+
+
+#: What a source does with a record it cannot decode (``on_bad_record`` of the sources file): stop (the
+#: step fails naming source, partition and offset), or put it in its dead-letter table and go on.
+ON_BAD_RECORD = ("fail", "dead_letter")
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record a source could not decode, yielded by ``read(..., on_bad_record="dead_letter")`` in place of
+    its data: its raw bytes and why (one line naming the source, partition and offset)."""
+
+    raw: bytes
+    error: str
+
+
+def reads_bad_records(source: "Source") -> bool:
+    """Whether ``source.read`` takes ``on_bad_record="dead_letter"`` (its class sets ``reads_bad_records``)."""
+    return bool(getattr(source, "reads_bad_records", False))
 
 
 def check_range(start: int, end: int, unit: str = "offset") -> None:
@@ -43,8 +63,14 @@ class Source(Protocol):
     def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
         """Yield ``(data, offset, diff)`` for every record of ``partition`` with ``start <= offset < end``.
 
-        Must be exact and repeatable: the same range always yields the same records.
+        Must be exact and repeatable: the same range always yields the same records.  A record the source
+        cannot decode raises a :class:`SourceError` naming partition and offset.
         """
+
+    # Optional ``reads_bad_records = True``: ``read`` also takes ``on_bad_record`` (:data:`ON_BAD_RECORD`);
+    # with ``"dead_letter"`` it yields ``(BadRecord(raw, error), offset, diff)`` for a record it cannot
+    # decode, with the error it would raise, and reads on (the files source).  Such a source can have
+    # ``on_bad_record: dead_letter`` through the Python data source (:mod:`reclock.spark_source`).
 
     def commit(self, frontier: Frontier) -> None:
         """Tell upstream everything below ``frontier`` is durable here (offset resumption frontier)."""

@@ -6,6 +6,8 @@ source): ``(file identity, byte offset)``; the offset is where a line starts.  A
 is the byte just past its last *complete* line (ending in ``\\n``): a partially written last
 line counts once its newline arrives.  Records are ``{"line": <decoded line without its
 "\\n">}``; JSON stays a raw string.  Keys (paths relative to the directory) match ``pattern``.
+A line not valid in ``encoding`` stops the read, or with ``on_bad_record: dead_letter`` is a dead letter
+(:meth:`FileSource.read`).
 
 **Identity** (``identity="fingerprint"``, the default).  A file is known by what it holds, not
 by its name, as Vector's ``checksum`` fingerprint and Filebeat's ``fingerprint`` do::
@@ -65,7 +67,8 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
-from .base import COMMITTED_NAME, SourceError, check_range, committed_of, read_commit_doc, write_committed
+from .base import (COMMITTED_NAME, ON_BAD_RECORD, BadRecord, SourceError, check_range, committed_of,
+                   read_commit_doc, write_committed)
 
 _SCAN = 64 * 1024  # backward scan step when looking for the last newline
 _BLOCK = 1 << 20  # forward read step
@@ -101,6 +104,7 @@ def by_preference(holders: Mapping[str, int], previous: str | None) -> list[str]
 class FileSource:
     partition_type = pa.string()
     data_schema = pa.schema([pa.field("line", pa.string())])
+    reads_bad_records = True  # read(..., on_bad_record="dead_letter") yields a BadRecord for a line not in encoding
 
     def __init__(self, url: str, pattern: str = "*", encoding: str = "utf-8",
                  storage_options: Mapping[str, Any] | None = None, committed_path: str | None = None,
@@ -277,12 +281,24 @@ class FileSource:
             return buf[start - base:end - base]
         return self.fs.cat_file(path, start=start, end=end) if end > start else b""
 
-    def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
-        """Yield ``({"line": ...}, offset, +1)`` for every line starting in ``[start, end)``."""
+    def read(self, partition: Partition, start: int, end: int,
+             on_bad_record: str = "fail") -> Iterator[tuple[dict[str, Any] | BadRecord, int, int]]:
+        """Yield ``({"line": ...}, offset, +1)`` for every line starting in ``[start, end)``.
+
+        A line not valid in :attr:`encoding` raises a :class:`SourceError` naming the file (identity and
+        key) and its byte offset; with ``on_bad_record="dead_letter"`` it is yielded as
+        ``(BadRecord(its bytes without the newline, that error), offset, +1)`` and the read goes on."""
         if not isinstance(partition, str) or not partition:
             raise SourceError(f"a files partition is a non-empty identity string, got {partition!r}")
         check_range(start, end, "offset")
-        return self._read(partition, start, end)
+        if on_bad_record not in ON_BAD_RECORD:
+            raise SourceError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+        return self._read(partition, start, end, on_bad_record == "dead_letter")
+
+    @staticmethod
+    def dead_letter_problem(options: Mapping[str, Any]) -> str | None:
+        """None: :meth:`read` goes on past a line it cannot decode (``on_bad_record: dead_letter``)."""
+        return None
 
     def _locate(self, ident: str, start: int, end: int) -> str:
         """The key holding ``ident`` now, with at least ``end`` bytes when one has (renamed since the tick, maybe)."""
@@ -297,7 +313,8 @@ class FileSource:
                               f"{released}, object deleted)")
         raise SourceError(f"{self._where(ident)} does not exist (no file holds it)")
 
-    def _read(self, ident: str, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
+    def _read(self, ident: str, start: int, end: int,
+              dead_letter: bool = False) -> Iterator[tuple[dict[str, Any] | BadRecord, int, int]]:
         if start >= end:
             return
         key = self._locate(ident, start, end)
@@ -323,11 +340,13 @@ class FileSource:
                     buf, k = buf[k:] + chunk, 0
                     continue
                 try:
-                    line = buf[k:j].decode(self.encoding)
+                    data: dict[str, Any] | BadRecord = {"line": buf[k:j].decode(self.encoding)}
                 except UnicodeDecodeError as e:
-                    raise SourceError(f"{self._where(ident, key, at)}: line is not valid {self.encoding}: "
-                                      f"{e}") from e
-                yield {"line": line}, at, 1
+                    error = f"{self._where(ident, key, at)}: line is not valid {self.encoding}: {e}"
+                    if not dead_letter:
+                        raise SourceError(error) from e
+                    data = BadRecord(buf[k:j], error)
+                yield data, at, 1
                 at, k = at + j + 1 - k, j + 1
 
     def _commit_doc(self) -> dict:
