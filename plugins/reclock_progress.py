@@ -29,7 +29,9 @@ URL_PREFIX = "/reclock"
 async def _collect() -> dict:
     from reclock.progress import collect
 
-    return await asyncio.to_thread(collect)  # reads Delta tables and asks the upstreams: blocking
+    # Reads the Delta tables only (blocking): the upstream lag is the last one the pipeline measured, so a page
+    # opened while an upstream is down shows it, and page loads never wait on upstreams.
+    return await asyncio.to_thread(collect, upstream=False)
 
 
 app = FastAPI(title="reclock progress", dependencies=[Depends(requires_access_view(AccessView.WEBSITE))])

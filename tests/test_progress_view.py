@@ -34,7 +34,7 @@ from reclock.checks import ChecksFailed
 from reclock.engine import Frontier
 from reclock.progress import UpstreamUnreachable, collect, probe_options, probe_upper
 from reclock.sources.kafka import CLIENT_LOGGER
-from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration,
+from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration, legend,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
 from reclock.warehouse import Warehouse
 
@@ -131,6 +131,15 @@ def test_chart_draws_a_step_line_through_every_binding():
     assert y1 == y0 and x1 > x0  # the upper holds until the next binding...
     assert x2 == x1 and y2 < y1  # ...then jumps up
     assert y3 == y2 and x4 == x3 and y4 < y3
+
+
+def test_partitions_with_the_same_uppers_stay_apart():
+    rows = [[T0 + i * 1000, p, 10 * i] for i in range(3) for p in (0, 1, 2)]
+    groups = svg_tree(chart_svg(rows)).findall(f".//{SVG}g[@class='series']")
+    styles = [(g.find(f"{SVG}polyline").get("stroke-dasharray"), g.get("transform")) for g in groups]
+    assert len(set(styles)) == 3 and styles[0] == (None, None)  # the first solid, each later one dashed and shifted
+    assert len({g.find(f"{SVG}polyline").get("points") for g in groups}) == 1  # the same uppers
+    assert legend(rows).count("stroke-dasharray") == 2
 
 
 def test_single_binding_and_empty_chart():
@@ -350,6 +359,17 @@ def test_collect_reads_the_warehouse_and_survives_an_unreachable_upstream(tmp_pa
     assert 'class="error upstream"' in section(page, "offline") and section(page, "events").count("<circle") == 6
     assert "upstream unreachable since 20" in page.split("<section")[0]  # the overview says since when
 
+    # What the progress page shows: the warehouse only, with the upstream upper the last tick measured
+    cached = collect(str(config), now=T0 + 100_000, upstream=False)
+    events, offline, fresh = cached["sources"]
+    assert events["upstream_measured_by"] == "tick" and events["upstream_measured_at"] > T0
+    assert events["upstream_frontier"] == events["bound_frontier"] and events["lag_offsets"] == 0
+    assert events["upstream_error"] is None and offline["upstream_error"] is None
+    assert offline["upstream_frontier"] is None and offline["upstream_measured_by"] is None
+    page = render_page(cached)
+    assert "as the tick step measured it at 20" in section(page, "events")
+    assert "not measured yet" in section(page, "offline") and 'class="error upstream"' not in page
+
 
 class FakeUpstream:
     """A source kind for the probe: ``behaviour`` is ``ok``, ``fails`` or ``hangs``; it logs like librdkafka."""
@@ -508,7 +528,10 @@ def test_progress_page_in_airflow_and_chromium(api_server, tmp_path):
     assert "checks failed" in events and "FAIL" in events and "reclocked.first_covering_binding" in events
     assert f"{T0 + 90_001} = 2026-01-01 00:01:30.001 UTC" in events  # remap upper
     assert "2026-01-01 00:00:45.001 UTC" in events  # reclocked upper: the first batch was published
-    assert "upstream unreachable" in offline and "never checked" in offline
+    assert "never checked" in offline
+    # the page asks no upstream: the lag is the one the last tick measured, "offline" never ticked
+    assert "as the tick step measured it at" in events and "not measured yet" in offline
+    assert "upstream unreachable" not in dom
 
     ui = browse(f"{base}/plugin/reclock-progress", tmp_path / "chrome", "--dump-dom",
                 "--virtual-time-budget=15000")

@@ -129,9 +129,18 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
         # landing while this one runs is a Delta conflict, ConcurrentWriteError too)
         raise ConcurrentWriteError(f"{name}: remap's upstream record changed since the tick read it; nothing written")
     written = ctx.tables.append_binding(remap, after, upstream=frontier)
+    _sample_upstream(name, ctx, frontier, remap.frontier, "tick")
     moved = sum(frontier.increments_from(remap.frontier).values())
     log.info("%s: tick at %d binds %s (+%d offsets)", name, now, frontier, moved)
     return {"into_time": now, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
+
+
+def _sample_upstream(name: str, ctx: SourceContext, upper: Frontier, bound: Frontier, step: str) -> None:
+    """Keep the upstream's upper as ``step`` just measured it, with what was bound then (the last known lag)."""
+    try:
+        ctx.tables.record_upstream_sample(upper, bound, step, now_ms())
+    except OSError as e:  # the progress page's cache only: never fails the step
+        log.warning("%s: could not keep the upstream sample: %s", name, e)
 
 
 def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Frontier:
@@ -552,6 +561,10 @@ def resume(name: str, config_path: str | None = None) -> dict:
         if not committed.less_equal(offsets):
             offsets = offsets.join(committed)  # never move an upstream commit backwards
         ctx.source.commit(offsets)  # after a new epoch: the upstream's own offsets, offsets - base
+        try:  # the lag after this run, for the progress page (a failure here only leaves the last sample)
+            _sample_upstream(name, ctx, ctx.source.upper().join(ctx.tables.landed()), remap.frontier, "resume")
+        except SourceError as e:
+            log.warning("%s: could not sample the upstream's upper for the progress page: %s", name, e)
         return {"resume_at": resume_at, "offsets": offsets.as_json(),
                 "upstream_offsets": to_upstream(offsets, ctx.base).as_json()}
 

@@ -10,6 +10,12 @@ read without connecting to the upstream (so an unreachable upstream still shows 
 history), and each failure is kept as an error string on its source (``error``,
 ``upstream_error``, ``last_check_error``).
 
+Without asking the upstreams (``upstream=False``, the progress page), the upstream upper is the last one a
+pipeline step measured (the tick, before binding it; ``resume``, after the run: :meth:`SourceTables.upstream_sample`),
+with when and by which step (``upstream_measured_at``, ``upstream_measured_by``); the lag is what that upper is
+ahead of the bound frontier now.  An upstream that is asked answers for itself (``upstream_measured_by`` None);
+when it cannot be reached, the last measured upper stays with the error.
+
 One upstream that cannot be reached hides nothing else.  Upstreams are asked concurrently, each
 with its own deadline (:func:`probe_upper`): the source is built with its client timeout
 (``timeout_s``, when its kind has one) at most :data:`UPSTREAM_TIMEOUT_S`, and an answer that
@@ -69,14 +75,16 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         "source": name, "kind": source_config.kind, "uri": uri, "error": None, "tables": False,
         "since": None, "remap_upper": None, "reclocked_upper": None, "bound_frontier": {}, "progress": [],
         "upstream_frontier": None, "upstream_error": None, "upstream_unreachable_since": None,
-        "lag_offsets": None, "lag_by_partition": {},
+        "lag_offsets": None, "lag_by_partition": {}, "upstream_measured_at": None, "upstream_measured_by": None,
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
         "on_bad_record": source_config.on_bad_record, "dead_letters": None,
     }
     bound = base = Frontier()
+    sample = None
     try:
         tables = read_only_tables(uri, config.storage_options)
         if tables is not None:
+            sample = tables.upstream_sample()
             remap = tables.read_remap()
             bound = remap.frontier
             record = tables.upstream_record()
@@ -95,16 +103,24 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         row["last_check"] = check_log.read(uri, config.storage_options)
     except Exception as e:  # noqa: BLE001
         row["last_check_error"] = f"cannot read {uri}/{check_log.FILE_NAME}: {_describe(e)}"
+    if sample is not None:  # the last upper a step measured; a live answer below replaces it
+        _lag(row, sample["upper"], bound, sample["measured_at"], sample["step"])
     if upstream:
         try:
-            upper = to_gauge(probe_upper(source_config.kind, source_config.options), base)
-            lag = upper.ahead_of(bound)
-            row.update(upstream_frontier=upper.as_json(), lag_offsets=sum(lag.values()),
-                       lag_by_partition={str(p): n for p, n in lag.items()})
+            _lag(row, to_gauge(probe_upper(source_config.kind, source_config.options), base), bound, now_ms(), None)
         except Exception as e:  # noqa: BLE001
             reason = str(e) if isinstance(e, UpstreamUnreachable) else _describe(e)
             row.update(upstream_error=f"upstream unreachable: {reason}", upstream_unreachable_since=now_ms())
     return row
+
+
+def _lag(row: dict[str, Any], upper: Frontier, bound: Frontier, at: int, step: str | None) -> None:
+    """The upstream upper measured at ``at`` (by pipeline step ``step``; None: asked now) and what it is ahead of
+    the bound frontier now."""
+    lag = upper.ahead_of(bound)
+    row.update(upstream_frontier=upper.as_json(), lag_offsets=sum(lag.values()),
+               lag_by_partition={str(p): n for p, n in lag.items()}, upstream_measured_at=at,
+               upstream_measured_by=step)
 
 
 class UpstreamUnreachable(SourceError):

@@ -205,13 +205,15 @@ def chart_svg(rows: Iterable[Sequence], label: str = "", width: int = WIDTH, hei
                  f'text-anchor="middle">upper (offset)</text></g>')
     for i, (partition, points) in enumerate(shown.items()):
         color, name = PALETTE[i % len(PALETTE)], partition_label(partition)
+        dash, dy = series_style(i)
         points = downsample(points, max_points)
         steps = [(s.x(points[0][0]), s.y(points[0][1]))]
         for (_, before), (t, o) in zip(points, points[1:]):
             steps += [(s.x(t), s.y(before)), (s.x(t), s.y(o))]
-        parts.append(f'<g class="series" data-partition="{h(name)}" stroke="{color}" fill="{color}">'
-                     f'<polyline class="step" fill="none" points="'
-                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in steps) + '"/>')
+        parts.append(f'<g class="series" data-partition="{h(name)}" stroke="{color}" fill="{color}"'
+                     + (f' transform="translate(0 {dy:.1f})"' if dy else "") + '>'
+                     f'<polyline class="step" fill="none"' + (f' stroke-dasharray="{dash}"' if dash else "")
+                     + ' points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in steps) + '"/>')
         for t, o in points:
             parts.append(f'<circle class="point" cx="{s.x(t):.1f}" cy="{s.y(o):.1f}" r="2.5" '
                          f'data-t="{t}" data-offset="{o}"><title>{h(name)} @ {h(fmt_time(t))}: '
@@ -221,9 +223,22 @@ def chart_svg(rows: Iterable[Sequence], label: str = "", width: int = WIDTH, hei
     return "".join(parts)
 
 
+#: Dash patterns of the series, in turn; with :data:`SERIES_SHIFT_PX` per series (cycling over four) partitions
+#: whose uppers coincide stay apart in the chart instead of the later line hiding the earlier.
+DASHES = ("", "7 3", "2 3", "9 3 2 3")
+SERIES_SHIFT_PX = 2.0
+
+
+def series_style(i: int) -> tuple[str, float]:
+    """``(stroke-dasharray, vertical shift in px)`` of the ``i``-th series."""
+    return DASHES[i % len(DASHES)], -SERIES_SHIFT_PX * (i % 4)
+
+
 def legend(rows: Iterable[Sequence], max_partitions: int = MAX_PARTITIONS) -> str:
     names = list(series(rows))
-    items = [f'<li><span class="swatch" style="background:{PALETTE[i % len(PALETTE)]}"></span>'
+    items = [f'<li><svg class="swatch" width="26" height="10" aria-hidden="true"><line x1="0" y1="5" x2="26" y2="5" '
+             f'stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="2.5"'
+             + (f' stroke-dasharray="{series_style(i)[0]}"' if series_style(i)[0] else "") + '/></svg>'
              f'{h(partition_label(p))}</li>' for i, p in enumerate(names[:max_partitions])]
     if len(names) > max_partitions:
         items.append(f'<li class="more">+{len(names) - max_partitions} more partitions not drawn</li>')
@@ -328,8 +343,15 @@ def facts(src: Mapping, now: int | None = None) -> str:
     age = f" ({fmt_duration(now - last_bound)} ago)" if now is not None and last_bound is not None else ""
     if src.get("upstream_frontier") is not None:
         lag_offsets = f"{fmt_count(src.get('lag_offsets'))} offsets"
+        if (by := src.get("upstream_measured_by")) is not None:
+            at = src.get("upstream_measured_at")
+            ago = f", {fmt_duration(now - at)} ago" if now is not None and at is not None else ""
+            lag_offsets += f" (upstream upper as the {by} step measured it at {fmt_time(at)}{ago})"
+        if src.get("upstream_error"):
+            lag_offsets += f"; {unreachable(src)}"
     else:
-        lag_offsets = f"unknown ({unreachable(src)})" if src.get("upstream_error") else "–"
+        lag_offsets = (f"unknown ({unreachable(src)})" if src.get("upstream_error")
+                       else "not measured yet (the first tick measures it)")
     published = ("nothing published yet" if reclocked_upper == 0
                  else f"{reclocked_upper} = {fmt_time(reclocked_upper)}" if reclocked_upper is not None else "–")
     items = [
@@ -390,7 +412,7 @@ svg .grid{stroke:#e1e4e8}svg .axis,svg .tick{stroke:#57606a}
 svg text{font-size:11px;fill:#444}svg .caption{font-size:12px;fill:#222}svg .empty{font-size:14px;fill:#888}
 svg .step{stroke-width:1.8}
 ul.legend{list-style:none;padding:0;margin:4px 0;display:flex;flex-wrap:wrap;gap:4px 14px}
-.swatch{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px;border-radius:2px}
+.swatch{display:inline-block;margin-right:5px;vertical-align:0}
 table{border-collapse:collapse;margin:6px 0}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}

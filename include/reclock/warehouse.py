@@ -77,6 +77,7 @@ REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock
 LANDING_APP = "reclock.landing"  # version = number of landings
 DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime whose dead letters are in
 STAGED_DEAD_LETTERS = "_dead_letter"  # under a staged attempt: the batch's dead letters
+UPSTREAM_SAMPLE = "upstream_sample.json"  # the last upstream upper a step measured (SourceTables.upstream_sample)
 STAGED_METADATA = "_batch.json"  # under a staged attempt: what the checks need of the batch (SourceTables.stage)
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
@@ -647,6 +648,29 @@ class SourceTables:
     def _staged_dead_letter_files(self, fs: pafs.FileSystem, attempt: str) -> list[pafs.FileInfo] | None:
         directory = f"{attempt}/{STAGED_DEAD_LETTERS}"
         return _parquet_files(fs, directory) if fs.get_file_info(directory).type == pafs.FileType.Directory else None
+
+    def record_upstream_sample(self, upper: Frontier, bound: Frontier, step: str, at: int) -> None:
+        """Keep the upstream's upper as ``step`` measured it at ``at`` (ms), with what remap had bound then, as
+        ``<source>/upstream_sample.json`` (replaced each time): the last known upstream lag, which the progress page
+        shows without asking the upstream (:meth:`upstream_sample`)."""
+        from .check_log import filesystem
+
+        fs, base = filesystem(self.uri, self.storage_options)
+        fs.create_dir(base, recursive=True)
+        doc = {"measured_at": at, "step": step, "upper": [list(u) for u in upper], "bound": [list(b) for b in bound]}
+        with fs.open_output_stream(f"{base}/{UPSTREAM_SAMPLE}") as f:
+            f.write(json.dumps(doc, sort_keys=True).encode())
+
+    def upstream_sample(self) -> dict | None:
+        """The last :meth:`record_upstream_sample`: ``{"measured_at", "step", "upper", "bound"}`` (frontiers), or
+        None before any."""
+        try:
+            with self._fs().open_input_stream(UPSTREAM_SAMPLE) as f:
+                doc = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        return {**doc, "upper": Frontier.of([tuple(u) for u in doc["upper"]]),
+                "bound": Frontier.of([tuple(b) for b in doc["bound"]])}
 
     def dead_letter_count(self) -> int | None:
         """Records in the dead-letter table (from the Delta log's file statistics); None when it does not exist."""
