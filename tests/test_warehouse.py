@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections import Counter
 
 import pyarrow as pa
@@ -467,3 +469,33 @@ def test_a_table_creation_killed_before_its_first_commit_does_not_wedge_the_sour
         (log_dir / name).write_text("")
     tables = Warehouse(str(tmp_path / "w")).source("s", pa.int32(), DATA, spark=spark)
     assert tables.version("remap") == 0 and tables.read_remap() == Remap()
+
+
+def test_racing_first_uses_never_clear_a_creation_in_progress(tmp_path, spark, monkeypatch):
+    """Two first steps of a source at once (threads here; processes alike): the second waits for the first's
+    creation instead of taking its log, written but not yet committed, for an interrupted creation."""
+    real, pulled = warehouse.create_table, []
+
+    def slow_create(spark_, uri, schema, name):  # Delta's files of a creation in progress, then the creation
+        log_dir = os.path.join(uri, "_delta_log")
+        os.makedirs(log_dir, exist_ok=True)
+        marker = os.path.join(log_dir, ".00000000000000000000.json.in-progress.tmp")
+        open(marker, "w").close()
+        time.sleep(1.0)
+        if not os.path.exists(marker):
+            pulled.append(uri)
+        else:
+            os.remove(marker)  # as if it had never been there: the real creation follows
+            os.rmdir(log_dir)
+        real(spark_, uri, schema, name)
+
+    monkeypatch.setattr(warehouse, "create_table", slow_create)
+    root = str(tmp_path / "w")
+    threads = [threading.Thread(target=Warehouse(root).source, args=("s", pa.int32(), DATA), kwargs={"spark": spark})
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert pulled == []
+    assert Warehouse(root).source("s", pa.int32(), DATA, spark=spark).read_remap() == Remap()

@@ -48,12 +48,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import fcntl
 import os
 import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Literal, NamedTuple
+from typing import Iterator, Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -326,15 +327,39 @@ class SourceTables:
     def _create_table_if_absent(self, kind: Kind) -> None:
         """Create table ``kind`` (named ``<source>_<kind>``) with Spark unless it exists."""
         if self._table_or_none(kind) is None:
-            self._clear_interrupted_creation(kind)
-            create_table(self.spark, self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
+            with self._creation_lock(kind):
+                if self._table_or_none(kind) is None:
+                    self._clear_interrupted_creation(kind)
+                    create_table(self.spark, self.table_uri(kind), self.schemas[kind],
+                                 f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
+
+    @contextmanager
+    def _creation_lock(self, kind: Kind) -> Iterator[None]:
+        """Held while table ``kind`` is created, so that a racing creator (another thread or process of the first
+        steps of a source) never takes the other's creation in progress for an interrupted one: an exclusive
+        ``flock`` on ``<source>/.<kind>.create.lock`` (released by the kernel when its holder dies).  Object
+        stores have no such lock: there, first steps of a source must not race."""
+        local = self._local_uri()
+        if local is None:
+            yield
+            return
+        os.makedirs(local, exist_ok=True)
+        with open(os.path.join(local, f".{kind}.create.lock"), "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _local_uri(self) -> str | None:
+        """The source's directory when the warehouse is on a local filesystem, else None."""
+        return None if "://" in self.uri and not self.uri.startswith("file://") else self.uri.removeprefix("file://")
 
     def _clear_interrupted_creation(self, kind: Kind) -> None:
         """Remove a ``_delta_log`` holding no commit (a creation killed before its first commit), which Delta
         would otherwise take for a table that does not exist.  It holds no data: nothing is lost."""
         log_dir = f"{kind}/_delta_log"
-        local = None if "://" in self.uri and not self.uri.startswith("file://") else \
-            os.path.join(self.uri.removeprefix("file://"), log_dir)
+        local = None if self._local_uri() is None else os.path.join(self._local_uri(), log_dir)
         if local is not None:
             names = os.listdir(local) if os.path.isdir(local) else None
         else:  # object stores have no empty directories
