@@ -6,7 +6,7 @@ manual run, the CLI).  After every round remap is strictly monotone, its increme
 frontier, and no frontier is beyond the upstream's high watermark; at the end the published
 reclocked table equals the engine's single-writer replay of the same remap.
 
-``RECLOCK_RACE_ROUNDS`` (default 20) and ``RECLOCK_RACE_PROCESS_ROUNDS`` (default 2) size the test:
+``RECLOCK_RACE_ROUNDS`` (default 10) and ``RECLOCK_RACE_PROCESS_ROUNDS`` (default 1) size the test:
 a process round starts four JVMs on this two-core machine.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from reclock.warehouse import ConcurrentWriteError, SourceTables
 pytestmark = pytest.mark.slow
 
 TICKERS = 4
-ROUNDS = int(os.environ.get("RECLOCK_RACE_ROUNDS", "20"))
-PROCESS_ROUNDS = int(os.environ.get("RECLOCK_RACE_PROCESS_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("RECLOCK_RACE_ROUNDS", "10"))
+PROCESS_ROUNDS = int(os.environ.get("RECLOCK_RACE_PROCESS_ROUNDS", "1"))
 
 
 @pytest.fixture
