@@ -83,7 +83,7 @@ def test_backfill_dag_per_source(tmp_path):
     parsed = run_python(code + DESCRIBE, airflow_env(tmp_path / "airflow"), timeout=300)
     assert parsed["good"]["errors"] == {}
     assert parsed["good"]["all"] == ["reclock_backfill_clicks", "reclock_backfill_orders", "reclock_clicks",
-                                     "reclock_orders"]
+                                     "reclock_example_as_of_join", "reclock_orders"]  # orders and clicks: the example
     dag = parsed["good"]["dags"]["reclock_backfill_orders"]
     assert dag["downstream"] == {"backfill_run": ["replay"], "replay": []}
     assert (dag["timetable"], dag["cron"]) == ("CronDataIntervalTimetable", "0 * * * *")

@@ -415,7 +415,7 @@ from airflow.models import DagBag
 bag = DagBag(dag_folder=DAGS)
 dags = {}
 for dag_id, dag in bag.dags.items():
-    if dag_id.startswith("reclock_backfill_"):  # replays only; the source DAGs carry the Spark job
+    if dag_id.startswith(("reclock_backfill_", "reclock_example_")):  # the source DAGs carry the Spark job
         continue
     spark = dag.get_task("reclock")
     dags[dag_id] = {"conf": spark.conf, "args": spark.application_args, "application": spark.application,

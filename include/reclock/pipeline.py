@@ -561,10 +561,6 @@ def resume(name: str, config_path: str | None = None) -> dict:
         if not committed.less_equal(offsets):
             offsets = offsets.join(committed)  # never move an upstream commit backwards
         ctx.source.commit(offsets)  # after a new epoch: the upstream's own offsets, offsets - base
-        try:  # the lag after this run, for the progress page (a failure here only leaves the last sample)
-            _sample_upstream(name, ctx, ctx.source.upper().join(ctx.tables.landed()), remap.frontier, "resume")
-        except SourceError as e:
-            log.warning("%s: could not sample the upstream's upper for the progress page: %s", name, e)
         return {"resume_at": resume_at, "offsets": offsets.as_json(),
                 "upstream_offsets": to_upstream(offsets, ctx.base).as_json()}
 

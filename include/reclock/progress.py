@@ -10,10 +10,10 @@ read without connecting to the upstream (so an unreachable upstream still shows 
 history), and each failure is kept as an error string on its source (``error``,
 ``upstream_error``, ``last_check_error``).
 
-Without asking the upstreams (``upstream=False``, the progress page), the upstream upper is the last one a
-pipeline step measured (the tick, before binding it; ``resume``, after the run: :meth:`SourceTables.upstream_sample`),
-with when and by which step (``upstream_measured_at``, ``upstream_measured_by``); the lag is what that upper is
-ahead of the bound frontier now.  An upstream that is asked answers for itself (``upstream_measured_by`` None);
+Without asking the upstreams (``upstream=False``, the progress page), the upstream upper is the last one the
+tick measured, before binding it (:meth:`SourceTables.upstream_sample`), with when and by which step
+(``upstream_measured_at``, ``upstream_measured_by``); the lag is what that upper is ahead of the bound frontier
+now.  An upstream that is asked answers for itself (``upstream_measured_by`` None);
 when it cannot be reached, the last measured upper stays with the error.
 
 One upstream that cannot be reached hides nothing else.  Upstreams are asked concurrently, each

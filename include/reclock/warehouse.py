@@ -78,7 +78,7 @@ REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock
 LANDING_APP = "reclock.landing"  # version = number of landings
 DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime whose dead letters are in
 STAGED_DEAD_LETTERS = "_dead_letter"  # under a staged attempt: the batch's dead letters
-UPSTREAM_SAMPLE = "upstream_sample.json"  # the last upstream upper a step measured (SourceTables.upstream_sample)
+UPSTREAM_SAMPLE = "upstream_sample.json"  # the last upstream upper the tick measured (SourceTables.upstream_sample)
 STAGED_METADATA = "_batch.json"  # under a staged attempt: what the checks need of the batch (SourceTables.stage)
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
