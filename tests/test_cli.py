@@ -114,11 +114,13 @@ def test_status_shows_every_source_while_a_broker_is_stopped(spark, tmp_path):
     assert proc.returncode == 0, out
     assert elapsed < 30, f"status took {elapsed:.0f} s"  # the probe's deadline is 6 s; the rest is start-up
     orders, logs = json.loads(out)  # nothing but the JSON was printed
-    assert len(out.splitlines()) < 30
+    assert len(out.splitlines()) < 45  # the JSON only: no client retry logs (about 190 lines before)
     assert {k: orders[k] for k in ("source", "since", "remap_upper", "bound_frontier", "upstream_frontier")} == {
         "source": "orders", "since": 0, "remap_upper": 1_001, "bound_frontier": {"0": 1, "1": 2},
         "upstream_frontier": None}
     assert orders["lag_offsets"].startswith("unreachable since ")
+    assert orders["last_measured_upstream"]["frontier"] == {"0": 1, "1": 2}  # as the tick measured it
+    assert orders["last_measured_upstream"]["by"] == "tick"
     assert before.replace(microsecond=0) <= datetime.fromisoformat(orders["lag_offsets"].split()[-1]) <= \
         datetime.now().astimezone()
     reason = orders["upstream_error"]

@@ -5,7 +5,8 @@ without contacting the upstream and without creating anything, every upstream co
 a few seconds (:data:`reclock.progress.UPSTREAM_DEADLINE_S`) and with its client's own logs kept
 off the terminal.  An upstream that cannot be reached does not stop the others: its row keeps its
 warehouse frontiers and says ``"lag_offsets": "unreachable since <ISO time this call failed to
-reach it>"`` with one line of reason in ``upstream_error``.  A source never ticked has no tables
+reach it>"`` with one line of reason in ``upstream_error``, and the upstream frontier the last tick measured in
+``last_measured_upstream``.  A source never ticked has no tables
 yet: ``since`` and the uppers are null.  Only a sources file that does not load is an error.
 """
 from __future__ import annotations
@@ -29,8 +30,12 @@ def status_row(progress: dict[str, Any]) -> dict[str, Any]:
     row = {key: progress[key] for key in FIELDS}
     if progress["upstream_error"]:
         since = datetime.fromtimestamp(progress["upstream_unreachable_since"] / 1000, timezone.utc)
-        row.update(lag_offsets=f"unreachable since {since.isoformat(timespec='seconds')}",
+        row.update(lag_offsets=f"unreachable since {since.isoformat(timespec='seconds')}", upstream_frontier=None,
                    upstream_error=progress["upstream_error"].removeprefix("upstream unreachable: "))
+        if progress.get("upstream_measured_by") is not None:  # what the last tick measured, for reference
+            at = datetime.fromtimestamp(progress["upstream_measured_at"] / 1000, timezone.utc)
+            row["last_measured_upstream"] = {"frontier": progress["upstream_frontier"], "by": progress[
+                "upstream_measured_by"], "at": at.isoformat(timespec="seconds")}
     if progress["error"]:
         row["error"] = progress["error"]
     return row
