@@ -137,8 +137,10 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
 
 def _sample_upstream(name: str, ctx: SourceContext, upper: Frontier, bound: Frontier, step: str) -> None:
     """Keep the upstream's upper as ``step`` just measured it, with what was bound then (the last known lag)."""
+    from . import clock  # the wall clock itself: a tick's IntoTime may come from elsewhere (and tests patch now_ms)
+
     try:
-        ctx.tables.record_upstream_sample(upper, bound, step, now_ms())
+        ctx.tables.record_upstream_sample(upper, bound, step, clock.now_ms())
     except OSError as e:  # the progress page's cache only: never fails the step
         log.warning("%s: could not keep the upstream sample: %s", name, e)
 
