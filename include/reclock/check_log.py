@@ -57,8 +57,13 @@ def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, 
 
 def write(uri: str, record: Mapping[str, Any], storage_options: Mapping[str, str] | None = None) -> str:
     """Store ``record`` as ``<uri>/last_check.json`` (replacing the previous one); the path written."""
+    return write_json(uri, FILE_NAME, record, storage_options)
+
+
+def write_json(uri: str, name: str, record: Mapping[str, Any], storage_options: Mapping[str, str] | None = None) -> str:
+    """Store ``record`` as JSON in ``<uri>/<name>``, replacing it whole (a reader never sees half of it); the path."""
     fs, base = filesystem(uri, storage_options)
-    path = f"{base}/{FILE_NAME}"
+    path = f"{base}/{name}"
     data = json.dumps(record, sort_keys=True, default=str).encode()
     if isinstance(fs, pafs.LocalFileSystem):
         fs.create_dir(base, recursive=True)

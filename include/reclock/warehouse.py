@@ -627,12 +627,9 @@ class SourceTables:
         attempt = _attempt_dir(_upto_dir(upto))
         writer = df.select(*self.schemas["reclocked"].names).write
         if metadata is not None:
-            from .check_log import filesystem
+            from .check_log import write_json
 
-            fs, base = filesystem(self.uri, self.storage_options)
-            fs.create_dir(f"{base}/{attempt}", recursive=True)
-            with fs.open_output_stream(f"{base}/{attempt}/{STAGED_METADATA}") as f:
-                f.write(json.dumps(metadata, sort_keys=True).encode())
+            write_json(f"{self.uri}/{attempt}", STAGED_METADATA, metadata, self.storage_options)
             writer = writer.mode("append")  # into the attempt directory created for it
         if dead_letters is not None:
             self._typed(dead_letters, "dead_letter").write.parquet(self._spark_path(f"{attempt}/{STAGED_DEAD_LETTERS}"))
@@ -678,13 +675,10 @@ class SourceTables:
         """Keep the upstream's upper as ``step`` measured it at ``at`` (ms), with what remap had bound then, as
         ``<source>/upstream_sample.json`` (replaced each time): the last known upstream lag, which the progress page
         shows without asking the upstream (:meth:`upstream_sample`)."""
-        from .check_log import filesystem
+        from .check_log import write_json
 
-        fs, base = filesystem(self.uri, self.storage_options)
-        fs.create_dir(base, recursive=True)
-        doc = {"measured_at": at, "step": step, "upper": [list(u) for u in upper], "bound": [list(b) for b in bound]}
-        with fs.open_output_stream(f"{base}/{UPSTREAM_SAMPLE}") as f:
-            f.write(json.dumps(doc, sort_keys=True).encode())
+        write_json(self.uri, UPSTREAM_SAMPLE, {"measured_at": at, "step": step, "upper": [list(u) for u in upper],
+                                               "bound": [list(b) for b in bound]}, self.storage_options)
 
     def upstream_sample(self) -> dict | None:
         """The last :meth:`record_upstream_sample`: ``{"measured_at", "step", "upper", "bound"}`` (frontiers), or
