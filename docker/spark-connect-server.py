@@ -81,16 +81,20 @@ def spark_submit_binary() -> str:
 
 def main(args: list[str]) -> None:
     from reclock.config import load_config
+    from reclock.spark_session import SparkSetupError
 
+    if args not in ([], ["--print"]):
+        sys.exit(f"usage: {sys.argv[0]} [--print]")
     config = load_config()
     port = int(os.environ.get("RECLOCK_CONNECT_PORT", DEFAULT_PORT))
-    argv = server_argv(config.spark_master, connect_conf(config, connect_jars(connect_jars_dir()), port),
-                       spark_submit_binary())
+    try:
+        argv = server_argv(config.spark_master, connect_conf(config, connect_jars(connect_jars_dir()), port),
+                           spark_submit_binary())
+    except (ConnectSetupError, SparkSetupError) as e:
+        sys.exit(f"spark-connect-server: {e}")
     if args == ["--print"]:
         print("\n".join(argv))
         return
-    if args:
-        sys.exit(f"usage: {sys.argv[0]} [--print]")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.execvp(argv[0], argv)
 
