@@ -17,11 +17,11 @@ $(KINESIS)/node_modules/.installed: $(KINESIS)/package.json $(KINESIS)/package-l
 	cd $(KINESIS) && npm ci --no-audit --no-fund
 	touch $@
 
-$(STAMP): requirements.txt pyproject.toml include/system-packages.sh
+$(STAMP): requirements.txt requirements-runtime.txt pyproject.toml include/system-packages.sh
 	bash include/system-packages.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -r requirements.txt  # runtime (requirements-runtime.txt) and test tools
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

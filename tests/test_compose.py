@@ -10,6 +10,9 @@ YAML level always.
   config, the broker and bucket the config names, and depends_on/healthcheck consistency.
 * docker/sources.yaml is loaded with the Airflow services' environment, and the DAGs are parsed
   with it by a real DagBag (in a subprocess, like tests/test_dags.py).
+* The image (docker/Dockerfile): Airflow installed with its release's constraints file, the runtime
+  requirements only (no test tools), the versions of the poms and pins; the Spark Connect service's
+  command as docker/spark-connect-server.py builds it from the compose environment.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
+import time
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,7 +39,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 SOURCES = REPO / "docker" / "sources.yaml"
 
 AIRFLOW = ["airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
-SPARK = ["spark-master", "spark-worker-1", "spark-worker-2"]
+SPARK = ["spark-master", "spark-worker-1", "spark-worker-2", "spark-connect"]
 RECLOCK_IMAGE_SERVICES = AIRFLOW + SPARK
 SERVICES = RECLOCK_IMAGE_SERVICES + ["postgres", "kafka", "kafka-init", "minio", "minio-init"]
 # Paths inside the image (docker/Dockerfile: WORKDIR /opt/reclock, the repository copied there).
@@ -71,7 +77,7 @@ def test_compose_config_validates(tmp_path):
     assert sorted(resolved) == sorted(SERVICES)
     scheduler = resolved["airflow-scheduler"]["environment"]
     ours = services()["airflow-scheduler"]["environment"]
-    for key in ("RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "AIRFLOW_CONN_RECLOCK_SPARK",
+    for key in ("RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "RECLOCK_SPARK_REMOTE", "AIRFLOW_CONN_RECLOCK_SPARK",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL"):
         assert str(scheduler[key]) == ours[key], key
 
@@ -258,7 +264,7 @@ def test_spark_master_url_in_connection_and_config(svc, airflow_vars):
     cmd = command(master)
     assert cmd[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
     assert cmd[cmd.index("--port") + 1] == "7077"
-    for worker in ("spark-worker-1", "spark-worker-2"):
+    for worker in ("spark-worker-1", "spark-worker-2"):  # spark-connect: test_spark_connect_service
         cmd = command(svc[worker])
         assert cmd[:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker", conn["host"]]
         assert depends_on(svc[worker]) == {"spark-master": "service_healthy"}
@@ -312,15 +318,34 @@ def test_bind_mounts_and_dockerfile_copies_exist(svc):
             assert (REPO / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
 
 
+def dockerfile_args() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` values, expanded (``${OTHER}`` from an earlier ARG)."""
+    args: dict[str, str] = {}
+    for name, default in re.findall(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)$", DOCKERFILE.read_text(), re.M):
+        args[name] = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], default)
+    return args
+
+
+def pip_installs(text: str) -> list[str]:
+    """The ``pip install`` commands of the Dockerfile's RUN lines (continuations joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [m.strip() for line in re.findall(r"^RUN\s+(.+)$", joined, re.M)
+            for m in re.split(r"&&|;", line) if m.strip().startswith("pip install")]
+
+
 def test_dockerfile_matches_the_pins():
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
-    assert "openjdk-17-jre-headless maven " in text and "pip install -r requirements.txt" in text
+    assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}-slim", text, re.M)
+    # The image's Python is the one the tests run on.
+    assert dockerfile_args()["PYTHON_VERSION"] == "%d.%d" % sys.version_info[:2]
+    assert "openjdk-17-jre-headless maven " in text
     assert "pip install --no-deps -e ." in text
     # The jars are the poms' (jvm/fetch-jars.sh, after pyspark is installed: it drops what pyspark ships), in
-    # var/jars/ under the image's repository, where reclock.spark_session looks, as in a checkout.
-    steps = ["pip install -r requirements.txt", "COPY jvm/ jvm/", "bash jvm/fetch-jars.sh /usr/local/bin/python spark spark-s3",
-             "pip install --no-deps -e ."]
+    # var/jars/ under the image's repository, where reclock.spark_session looks, as in a checkout.  The
+    # Connect plugins after spark: fetch-jars drops what var/jars/spark has.
+    steps = ['--constraint "${AIRFLOW_CONSTRAINTS_URL}"', "-r requirements-runtime.txt", "COPY jvm/ jvm/",
+             "bash jvm/fetch-jars.sh /usr/local/bin/python spark spark-s3 spark-connect",
+             "pip install --no-deps -e .", "python docker/spark-connect-server.py --print"]
     assert [text.index(step) for step in steps] == sorted(text.index(step) for step in steps)
     assert f"WORKDIR {IMAGE_REPO}\n" in text and "!jvm/" in (REPO / "docker" / "Dockerfile.dockerignore").read_text()
     from reclock import spark_session
@@ -339,16 +364,166 @@ def pom_properties(name: str) -> dict[str, str]:
 def test_versions_agree_with_the_poms_and_pins(svc):
     import pyspark
 
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "requirements.txt").read_text(), re.M))
+    pins = runtime_pins()
     spark = pom_properties("spark")
-    assert pins["pyspark"] == pyspark.__version__ == spark["spark.version"]
-    assert pins["delta-spark"] == spark["delta.version"]
+    assert pins["pyspark"] == pins["pyspark-client"] == pyspark.__version__ == spark["spark.version"]
+    assert pins["delta-spark"] == spark["delta.version"] == pom_properties("spark-connect")["delta.version"]
     # hadoop-aws is the Hadoop of the client jars inside the installed pyspark wheel.
     [client] = (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")
     assert client.name == f"hadoop-client-api-{pom_properties('spark-s3')['hadoop.version']}.jar"
     # The compose broker is the Kafka the tests run (jvm/kafka-broker/pom.xml).
     kafka = pom_properties("kafka-broker")["kafka.version"]
     assert svc["kafka"]["image"] == svc["kafka-init"]["image"] == f"apache/kafka:{kafka}"
+    # Kafka 4 has no ZooKeeper: one KRaft node is broker and controller, voting for itself.
+    assert int(kafka.split(".")[0]) >= 4
+    env = svc["kafka"]["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
+    assert not any("ZOOKEEPER" in key for key in env)
+
+
+# --- the image's Python packages: Airflow with its constraints, the runtime without the test tools -----
+
+RUNTIME = REPO / "requirements-runtime.txt"
+TEST_TOOLS = {"pytest", "hypothesis", "moto"}
+
+
+def requirement_names(path: Path) -> set[str]:
+    """The projects a requirements file names itself (not through ``-r``), normalised."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return {canonicalize_name(Requirement(line).name) for line in lines if line and not line.startswith("-")}
+
+
+def runtime_pins() -> dict[str, str]:
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)$", RUNTIME.read_text(), re.M))
+
+
+def installed_closure(names: set[str]) -> set[str]:
+    """``names`` and everything they require, transitively, as installed here (extras they ask for included)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = [line.split("#", 1)[0].strip() for line in RUNTIME.read_text().splitlines()]
+    todo = [(canonicalize_name(r.name), frozenset(r.extras)) for r in map(Requirement, filter(None, lines))
+            if canonicalize_name(r.name) in names]
+    seen: set[tuple[str, frozenset]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            continue  # a marker-excluded or optional dependency that is not installed here
+        for req in map(Requirement, requires):
+            envs = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if req.marker is None or any(req.marker.evaluate(env) for env in envs):
+                todo.append((canonicalize_name(req.name), frozenset(req.extras)))
+    return {name for name, _ in seen}
+
+
+def test_image_installs_airflow_with_its_constraints():
+    """Airflow's documented install: ``apache-airflow==X`` with constraints-X/constraints-<python>.txt, alone;
+    the project's own requirements after it, without the constraints and with apache-airflow==X again."""
+    args = dockerfile_args()
+    pins = runtime_pins()
+    assert args["AIRFLOW_VERSION"] == pins["apache-airflow"]
+    python = "%d.%d" % sys.version_info[:2]
+    assert args["AIRFLOW_CONSTRAINTS_URL"] == (
+        f"https://raw.githubusercontent.com/apache/airflow/constraints-{pins['apache-airflow']}/constraints-{python}.txt")
+    installs = pip_installs(DOCKERFILE.read_text())
+    constrained = [cmd for cmd in installs if "--constraint" in cmd or " -c " in cmd]
+    assert constrained == ['pip install "apache-airflow==${AIRFLOW_VERSION}" --constraint "${AIRFLOW_CONSTRAINTS_URL}"']
+    [runtime] = [cmd for cmd in installs if "-r " in cmd]
+    assert runtime == 'pip install "apache-airflow==${AIRFLOW_VERSION}" -r requirements-runtime.txt'
+    assert installs.index(constrained[0]) < installs.index(runtime)
+    # The later installs: the project itself, with no dependencies.
+    assert installs[2:] == ["pip install --no-deps -e ."]
+    for arg in ("PYTHON_VERSION", "AIRFLOW_VERSION", "AIRFLOW_CONSTRAINTS_URL"):
+        assert re.search(rf"^ARG {arg}\b", DOCKERFILE.read_text(), re.M), f"{arg} is not a build arg"
+
+
+def test_image_has_no_test_tools():
+    """The image installs requirements-runtime.txt; requirements.txt (make setup) is it plus the test tools."""
+    text = "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.startswith("#"))
+    assert "requirements.txt" not in text.replace("requirements-runtime.txt", "")
+    ignore = (REPO / "docker" / "Dockerfile.dockerignore").read_text().split()
+    assert "!requirements-runtime.txt" in ignore and "!requirements.txt" not in ignore
+    runtime = requirement_names(RUNTIME)
+    dev = requirement_names(REPO / "requirements.txt")
+    assert "-r requirements-runtime.txt" in (REPO / "requirements.txt").read_text().splitlines()
+    assert dev == TEST_TOOLS and not runtime & TEST_TOOLS
+    # Nothing the runtime requires pulls a test tool in (the installed dependency graph, transitively).
+    closure = installed_closure(runtime)
+    assert {"apache-airflow", "pyspark", "great-expectations", "deltalake"} <= closure
+    assert not closure & TEST_TOOLS, sorted(closure & TEST_TOOLS)
+    # make setup still installs everything the tests need, and reinstalls when either file changes.
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^\$\(STAMP\): requirements\.txt requirements-runtime\.txt ", makefile, re.M)
+    assert "$(BIN)/pip install --quiet -r requirements.txt" in makefile
+
+
+# --- Spark Connect -------------------------------------------------------------------------------------
+
+CONNECT_SCRIPT = REPO / "docker" / "spark-connect-server.py"
+
+
+def connect_launcher():
+    spec = importlib.util.spec_from_file_location("spark_connect_server", CONNECT_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_spark_connect_service(svc, airflow_vars):
+    connect = svc["spark-connect"]
+    assert connect["hostname"] == "spark-connect"
+    assert command(connect) == [f"{IMAGE_REPO}/docker/spark-connect-server.py"]
+    assert os.access(CONNECT_SCRIPT, os.X_OK) and CONNECT_SCRIPT.read_text().startswith("#!/usr/bin/env python\n")
+    env = connect["environment"]
+    # Its driver is the server itself: executors connect back to this container.
+    assert env["SPARK_DRIVER_HOST"] == connect["hostname"]
+    assert env["RECLOCK_SPARK_MASTER"] == airflow_vars["RECLOCK_SPARK_MASTER"] == "spark://spark-master:7077"
+    assert env["RECLOCK_CONFIG"] == airflow_vars["RECLOCK_CONFIG"]
+    port = int(env["RECLOCK_CONNECT_PORT"])
+    assert port == connect_launcher().DEFAULT_PORT == 15002
+    assert [str(p) for p in connect["ports"]] == [f"127.0.0.1:{port}:{port}"]
+    assert f"('localhost', {port})" in " ".join(connect["healthcheck"]["test"])
+    assert depends_on(connect) == {"spark-master": "service_healthy"}
+    assert "./docker/sources.yaml:/opt/reclock/docker/sources.yaml:ro" in connect["volumes"]
+    # The Airflow services (and reclock in them) reach it by that name and port.
+    remote = urlsplit(airflow_vars["RECLOCK_SPARK_REMOTE"])
+    assert (remote.scheme, remote.hostname, remote.port) == ("sc", connect["hostname"], port)
+    # SPARK_REMOTE_URL= (empty) turns it off, as the README says.
+    assert services({"SPARK_REMOTE_URL": ""})["airflow-scheduler"]["environment"]["RECLOCK_SPARK_REMOTE"] == ""
+
+
+def test_spark_connect_plugin_jars_are_the_delta_pin():
+    """jvm/spark-connect/pom.xml: delta-connect-server for the pyspark pin's Spark line, at the delta-spark pin."""
+    from xml.etree import ElementTree
+
+    import pyspark
+
+    pom = ElementTree.parse(REPO / "jvm" / "spark-connect" / "pom.xml").getroot()
+    [dep] = pom.find("{*}dependencies")
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    assert (dep.findtext("{*}groupId"), dep.findtext("{*}artifactId"), dep.findtext("{*}version")) == (
+        "io.delta", f"delta-connect-server_{line}_2.13", "${delta.version}")
+    assert pom_properties("spark-connect")["delta.version"] == runtime_pins()["delta-spark"]
+    # delta-spark itself comes from jvm/spark (one copy on the server's classpath).
+    excluded = {e.findtext("{*}artifactId") for e in dep.findall(".//{*}exclusion")}
+    assert excluded == {f"delta-spark_{line}_2.13"}
+    spark = ElementTree.parse(REPO / "jvm" / "spark" / "pom.xml").getroot().find("{*}dependencies")
+    assert f"delta-spark_{line}_2.13" in {d.findtext("{*}artifactId") for d in spark}
+    # A checkout's make setup does not fetch them (fetch-jars' default); the image build does.
+    fetch = (REPO / "jvm" / "fetch-jars.sh").read_text()
+    assert "grep -vx spark-connect" in fetch
 
 
 # --- the reclock config and the DAGs under the compose environment ---------------------------------
@@ -399,6 +574,145 @@ def test_sources_yaml_under_the_compose_environment(monkeypatch, airflow_vars):
     again = load_config()
     assert (again.warehouse, again.spark_master, again.storage_options, again.spark_conf) == (
         config.warehouse, config.spark_master, config.storage_options, config.spark_conf)
+
+
+def test_spark_connect_server_command(monkeypatch, tmp_path, svc):
+    """docker/spark-connect-server.py under the spark-connect service's environment: spark-submit of the
+    Connect server class on the compose master, with reclock's session conf, the sources file's spark.conf,
+    Delta's Connect plugins (their jars added to spark.jars) and the port."""
+    from reclock.config import load_config
+    from reclock.spark_session import jars_dir, session_conf
+
+    launcher = connect_launcher()
+    for key in list(os.environ):
+        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
+            monkeypatch.delenv(key)
+    for key, value in config_env(svc["spark-connect"]["environment"]).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RECLOCK_SPARK_JARS", str(jars_dir()))
+    monkeypatch.setenv("RECLOCK_SPARK_S3_JARS", str(jars_dir().parent / "spark-s3"))
+    # No plugin jar: it fails before starting, naming the folder (the image build runs --print).
+    monkeypatch.setenv("RECLOCK_SPARK_CONNECT_JARS", str(tmp_path))
+    with pytest.raises(launcher.ConnectSetupError, match=re.escape(str(tmp_path))):
+        launcher.connect_jars(launcher.connect_jars_dir())
+    plugin = tmp_path / "delta-connect-server_4.1_2.13-4.4.0.jar"
+    plugin.write_bytes(b"")  # where the image build puts it; only its path is used here
+    config = load_config()
+    argv = launcher.server_argv(config.spark_master, launcher.connect_conf(
+        config, launcher.connect_jars(launcher.connect_jars_dir()), int(os.environ["RECLOCK_CONNECT_PORT"])))
+    assert argv[:7] == ["spark-submit", "--master", "spark://spark-master:7077", "--name", "reclock-connect",
+                        "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    pairs = argv[7:]
+    assert pairs[::2] == ["--conf"] * (len(pairs) // 2)
+    conf = dict(p.split("=", 1) for p in pairs[1::2])
+    reclock_conf = session_conf(s3=True)  # the warehouse is s3://: the S3A jars too
+    assert conf["spark.jars"].split(",") == reclock_conf.pop("spark.jars").split(",") + [str(plugin)]
+    assert any("delta-spark_" in j for j in conf["spark.jars"].split(",")) and any("hadoop-aws" in j for j in conf["spark.jars"].split(","))
+    for key, value in {**reclock_conf, **config.spark_conf}.items():
+        assert conf[key] == value, key
+    assert conf["spark.driver.host"] == "spark-connect"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.connect.extensions.relation.classes"] == "org.apache.spark.sql.connect.delta.DeltaRelationPlugin"
+    assert conf["spark.connect.extensions.command.classes"] == "org.apache.spark.sql.connect.delta.DeltaCommandPlugin"
+    assert conf["spark.connect.grpc.binding.port"] == "15002"
+    # The Connect server class is in the pyspark wheel's Spark (no --packages at start-up).
+    import pyspark
+
+    [jar] = (Path(pyspark.__file__).parent / "jars").glob("spark-connect_2.13-*.jar")
+    assert jar.name == f"spark-connect_2.13-{pyspark.__version__}.jar"
+    import zipfile
+
+    with zipfile.ZipFile(jar) as z:
+        assert "org/apache/spark/sql/connect/service/SparkConnectServer.class" in z.namelist()
+
+
+CONNECT_CLIENT = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+path = sys.argv[2]
+spark.range(5).write.format("delta").save(path)
+spark.sql(f"INSERT INTO delta.`{path}` VALUES (7)")
+ids = sorted(row.id for row in spark.read.format("delta").load(path).collect())
+history = [row.operation for row in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()]
+print(json.dumps({"ids": ids, "history": history, "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+                  "extensions": spark.conf.get("spark.sql.extensions")}))
+"""
+
+
+@pytest.mark.slow
+def test_connect_server_serves_delta_tables(monkeypatch, tmp_path, svc):
+    """The spark-connect service's command, run here on a local master: a Spark Connect client writes,
+    appends to and reads a Delta table through it (Delta's SQL extension and catalog come from reclock's
+    session conf).  Delta's Connect plugins (DeltaTable over Connect) are left out: their jar
+    (jvm/spark-connect/pom.xml) cannot be fetched on this machine; the image build fetches it."""
+    from deltalake import DeltaTable
+
+    from devtools.kafka_broker import free_port, stop_process
+    from reclock.config import load_config
+    from reclock.spark_session import jars_dir
+
+    launcher = connect_launcher()
+    for key in list(os.environ):
+        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
+            monkeypatch.delenv(key)
+    for key, value in config_env(svc["spark-connect"]["environment"]).items():
+        monkeypatch.setenv(key, value)
+    # This machine instead of the compose network: a local master, a local warehouse, this host as driver.
+    monkeypatch.setenv("RECLOCK_SPARK_MASTER", "local[1]")
+    monkeypatch.setenv("RECLOCK_WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.setenv("SPARK_DRIVER_HOST", "127.0.0.1")
+    monkeypatch.setenv("RECLOCK_SPARK_JARS", str(jars_dir()))
+    config = load_config()
+    port = free_port()
+    conf = launcher.connect_conf(config, [], port)
+    for key in launcher.DELTA_CONNECT_CONF:
+        del conf[key]
+    argv = launcher.server_argv(config.spark_master, conf, launcher.spark_submit_binary())
+    log = tmp_path / "connect.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PYSPARK_PYTHON": sys.executable}, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"the Connect server exited ({server.returncode}):\n{log.read_text()[-4000:]}"
+            try:
+                socket.create_connection(("127.0.0.1", port), 2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"no Connect server on {port}:\n{log.read_text()[-4000:]}"
+                time.sleep(1)
+        table = tmp_path / "t"
+        client = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, f"sc://127.0.0.1:{port}", str(table)],
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert client.returncode == 0, f"{client.stderr[-4000:]}\nserver:\n{log.read_text()[-4000:]}"
+        result = json.loads(client.stdout.strip().splitlines()[-1])
+    finally:
+        stop_process(server, "Spark Connect server")
+    assert result["ids"] == [0, 1, 2, 3, 4, 7]
+    assert result["history"] == ["WRITE", "WRITE"]
+    # reclock's session conf reached the server's sessions (Spark's defaults: 200 and none).
+    assert (result["partitions"], result["extensions"]) == ("2", "io.delta.sql.DeltaSparkSessionExtension")
+    # A Delta table as any reader sees it (delta-rs, as the tick and publish steps read).
+    assert DeltaTable(str(table)).version() == 1
+    assert sorted(DeltaTable(str(table)).to_pyarrow_table().column("id").to_pylist()) == [0, 1, 2, 3, 4, 7]
+
+
+def test_standalone_master_refuses_python_in_cluster_mode(tmp_path):
+    """Why the DAGs submit in client mode (docker/README.md): the pinned Spark's spark-submit rejects a Python
+    application in cluster deploy mode on a standalone master before it contacts any master."""
+    app = tmp_path / "app.py"
+    app.write_text("raise SystemExit('never run')\n")
+    launcher = connect_launcher()
+    proc = subprocess.run([launcher.spark_submit_binary(), "--master", "spark://127.0.0.1:1", "--deploy-mode",
+                           "cluster", str(app)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert proc.returncode != 0
+    assert ("Cluster deploy mode is currently not supported for python applications on standalone clusters"
+            in proc.stderr), proc.stderr[-2000:]
+    assert "never run" not in proc.stdout + proc.stderr
 
 
 def test_every_variable_of_sources_yaml_reaches_the_containers(svc, airflow_vars):
