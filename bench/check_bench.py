@@ -6,7 +6,7 @@ tick and one stage (a staged, unpublished batch of ``--records`` records).  ``me
 Python process, not Spark's JVM).  Run ``measure`` in a fresh process each time (peak RSS is per process)::
 
     python bench/check_bench.py prepare --dir /tmp/cb --records 1000000
-    python bench/check_bench.py measure --dir /tmp/cb
+    python bench/check_bench.py measure --dir /tmp/cb [--repeat 3]
 """
 from __future__ import annotations
 
@@ -38,18 +38,22 @@ def prepare(root: Path, records: int, files: int) -> None:
     print(json.dumps(pipeline.stage("logs", str(config))))
 
 
-def measure(root: Path) -> None:
+def measure(root: Path, repeat: int) -> None:
+    """``repeat`` checks in this process: the first pays the process's start-up (imports, Spark's JVM, the first
+    job), the next ones show the step with them warm (as with a long-lived Spark)."""
     from reclock import pipeline
 
-    start = time.perf_counter()
-    try:
-        pipeline.check("logs", str(root / "sources.yaml"))
-        outcome = "passed"
-    except Exception as e:  # noqa: BLE001 - a figure either way
-        outcome = f"failed: {e}"
-    seconds = time.perf_counter() - start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"check_s": round(seconds, 2), "peak_rss_mb": round(peak_mb), "outcome": outcome[:300]}))
+    for run in range(1, repeat + 1):
+        start = time.perf_counter()
+        try:
+            pipeline.check("logs", str(root / "sources.yaml"))
+            outcome = "passed"
+        except Exception as e:  # noqa: BLE001 - a figure either way
+            outcome = f"failed: {e}"
+        seconds = time.perf_counter() - start
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"run": run, "check_s": round(seconds, 2), "peak_rss_mb": round(peak_mb),
+                          "outcome": outcome[:300]}), flush=True)
 
 
 def main() -> None:
@@ -57,10 +61,16 @@ def main() -> None:
     parser.add_argument("step", choices=["prepare", "measure"])
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--files", type=int, default=None,
+                        help="files written (default: one per 5000 records; the files source reads a file's "
+                             "ranges in chunks of 500,000 bytes, which must start at a line)")
+    parser.add_argument("--repeat", type=int, default=1, help="checks run in the measuring process")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    prepare(args.dir, args.records, args.files) if args.step == "prepare" else measure(args.dir)
+    if args.step == "prepare":
+        prepare(args.dir, args.records, args.files or max(1, args.records // 5000))
+    else:
+        measure(args.dir, args.repeat)
 
 
 if __name__ == "__main__":
