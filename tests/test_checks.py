@@ -300,3 +300,35 @@ def test_primary_keys_not_recorded_fail(spark):
     frame = spark.createDataFrame(HELD, "table string, row string, partition string, offset long, diff long")
     report = check_primary_keys(frame, frame, None)
     assert report.failed == ["reclocked.primary_key_unique"] and "stage it again" in report.summary()
+
+
+def test_checks_run_through_the_sources_checkpoints(tmp_path, monkeypatch):
+    """A source's context is made from the project's suites; each kind runs through its checkpoint, whose results go
+    to GX's validation results store and whose Data Docs site is rebuilt on every run (the last KEEP_RUNS kept)."""
+    import json
+
+    from reclock import gx_context
+
+    monkeypatch.setattr(gx_context, "KEEP_RUNS", 2)
+    root = tmp_path / "orders" / "gx"
+    assert gx_context.root_of(str(tmp_path / "orders"), "orders") == str(root)
+    context = gx_context.Context(str(root), "orders")
+    assert sorted(p.name for p in (root / "expectations").glob("*.json")) == [
+        f"{kind}.json" for kind in gx_context.suite_names()]
+    assert {"remap", "reclocked", "reclocked_keys", "dead_letter", "history", "primary_key"} <= set(
+        gx_context.suite_names())
+
+    good = check_remap(remap_frame(), gx=context)
+    bad = check_remap(remap_frame(extra=[(1, 20, -1)]), gx=context)
+    assert good.success and bad.failed == ["remap.monotone"]
+    assert json.loads((root / "checkpoints" / "orders.remap.json").read_text())["validation_definitions"][0][
+        "name"] == "orders.remap"
+    stored = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").glob("*/*.json"))
+    assert [json.loads(p.read_text())["success"] for p in stored] == [True, False]  # GX's own record of each run
+    index = (root / "uncommitted" / "data_docs" / "local_site" / "index.html").read_text()
+    assert "remap" in index and (root / "uncommitted" / "data_docs" / "local_site" / bad.docs[0]).is_file()
+
+    check_remap(remap_frame(), gx=context)
+    runs = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").iterdir())
+    assert len(runs) == 2 and runs[0].name == stored[1].parent.name  # the oldest result is gone
+    assert not (root / "uncommitted" / "data_docs" / "local_site" / good.docs[0]).exists()

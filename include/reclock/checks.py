@@ -165,8 +165,8 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
     """Check a staged reclocked batch (a Spark DataFrame with partition, offset, into_time, diff), aggregated in
     Spark (module docstring): nothing of the batch is collected but a few rows per (partition, binding).
 
-    ``start``: first IntoTime of the pending window; when given, every record must lie in
-    ``[start, remap.upper)`` (nothing already published is staged again).
+    ``start``: first IntoTime of the pending window: every record must lie in ``[start, remap.upper)`` (nothing
+    already published is staged again); None: below ``remap.upper`` only.
     ``offsets_unique``: one record per offset (Kafka), so ``(partition, offset)`` is a key.
     """
     from pyspark.sql import functions as F
