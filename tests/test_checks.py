@@ -332,3 +332,18 @@ def test_checks_run_through_the_sources_checkpoints(tmp_path, monkeypatch):
     runs = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").iterdir())
     assert len(runs) == 2 and runs[0].name == stored[1].parent.name  # the oldest result is gone
     assert not (root / "uncommitted" / "data_docs" / "local_site" / good.docs[0]).exists()
+
+
+def test_a_half_written_context_is_made_again(tmp_path, caplog):
+    """GX writes its files in place: a check killed meanwhile must not wedge the source's checks."""
+    from reclock import gx_context
+
+    root = tmp_path / "gx"
+    assert check_remap(remap_frame(), gx=gx_context.Context(str(root), "orders")).success
+    (root / "great_expectations.yml").write_text("fluent_datasources:\n  reclock_pandas: [")
+    (root / "checkpoints" / "orders.remap.json").write_text('{"name": "orders.re')
+    with caplog.at_level("WARNING", logger="reclock"):
+        assert check_remap(remap_frame(), gx=gx_context.Context(str(root), "orders")).success
+    assert "config is made again" in caplog.text and "checkpoint orders.remap unreadable" in caplog.text
+    assert check_remap(remap_frame(extra=[(1, 20, -1)]), gx=gx_context.Context(str(root), "orders")).failed == [
+        "remap.monotone"]

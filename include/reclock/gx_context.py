@@ -17,11 +17,15 @@ result in GX's validation results store (``uncommitted/validations/``) and its c
 ``UpdateDataDocsAction`` rebuilds the Data Docs site (``uncommitted/data_docs/local_site/index.html``).  The
 stores keep the last :data:`KEEP_RUNS` results per suite (older ones, and their pages, are removed).
 
-A context is per source, so two sources checked at once never write one ``great_expectations.yml``.
+A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  GX writes
+its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
+is made again from the project (the results and Data Docs are only GX's record; reclock's is
+:mod:`reclock.check_log`).
 GX takes seconds to import: only the check step imports this module.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -72,7 +76,13 @@ class Context:
 
         self.root, self.source = os.path.abspath(root), source
         _install(self.root)
-        self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+        try:
+            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+        except Exception as e:  # noqa: BLE001 - e.g. a config half written by a killed run
+            log.warning("%s: GX context %s unreadable (%s); its config is made again from the project", source,
+                        self.root, e)
+            shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
+            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
         self._checkpoints: dict[str, Any] = {}
 
     @property
@@ -89,6 +99,18 @@ class Context:
         (pandas or spark), reporting failures by the ``index`` columns; created or brought up to date."""
         if kind in self._checkpoints:
             return self._checkpoints[kind]
+        try:
+            checkpoint = self._checkpoint(kind, engine, index)
+        except Exception as e:  # noqa: BLE001 - e.g. a definition half written by a killed run: made again
+            log.warning("%s: GX checkpoint %s.%s unreadable (%s); made again", self.source, self.source, kind, e)
+            for store in ("checkpoints", "validation_definitions"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.root, store, f"{self.source}.{kind}.json"))
+            checkpoint = self._checkpoint(kind, engine, index)
+        self._checkpoints[kind] = checkpoint
+        return checkpoint
+
+    def _checkpoint(self, kind: str, engine: str, index: Sequence[str]):
         import great_expectations as gx
 
         name = f"{self.source}.{kind}"
@@ -101,7 +123,6 @@ class Context:
         checkpoint = self.gx.checkpoints.add_or_update(gx.Checkpoint(
             name=name, validation_definitions=[definition], result_format=result_format,
             actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[SITE])]))
-        self._checkpoints[kind] = checkpoint
         return checkpoint
 
     def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
