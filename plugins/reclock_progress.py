@@ -4,7 +4,9 @@ Registers a FastAPI app that the API server mounts at ``/reclock``:
 
 * ``GET /reclock/`` — HTML page (inline SVG charts, no script, no external asset; the
   trailing slash matters: ``/reclock`` is not mounted and falls through to the Airflow UI);
-* ``GET /reclock/api/progress`` — the same data as JSON.
+* ``GET /reclock/api/progress`` — the same data as JSON;
+* ``GET /reclock/gx/<source>/<page>`` — the source's Great Expectations Data Docs site (the pages the last
+  check links to; :mod:`reclock.gx_context`).
 
 and a UI menu entry (Browse › Reclock progress) that shows the page in an iframe at
 ``/plugin/reclock-progress``.  Both endpoints need a user who may see the Airflow UI
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import Depends, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import requires_access_view
@@ -47,6 +49,16 @@ async def progress_page() -> HTMLResponse:
 @app.get("/api/progress")
 async def progress_json() -> JSONResponse:
     return JSONResponse(await _collect(), headers={"Cache-Control": "no-store"})
+
+
+@app.get("/gx/{source}/{page:path}")
+async def data_docs(source: str, page: str) -> FileResponse:
+    from reclock.progress import data_docs_file
+
+    path = await asyncio.to_thread(data_docs_file, source, page)
+    if path is None:
+        raise HTTPException(status_code=404, detail=f"no Data Docs page {page!r} for source {source!r}")
+    return FileResponse(path, headers={"Cache-Control": "no-store"})
 
 
 class ReclockProgressPlugin(AirflowPlugin):

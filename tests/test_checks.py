@@ -1,9 +1,13 @@
-"""Great Expectations checks: good data passes, and each deliberately broken case fails its own check."""
+"""Great Expectations checks: good data passes, and each deliberately broken case fails its own check, through the
+checks' GX checkpoints; the batch checks aggregate in Spark and accept exactly what the per-record law accepts."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from reclock import offsets
 from reclock.checks import ChecksFailed, check_dead_letters, check_primary_keys, check_reclocked, check_remap
 from reclock.engine import Frontier, Remap, Update, reclock
 
@@ -16,11 +20,6 @@ UPDATES = [Update(f"r{p}-{o}", p, o, 1) for p, n in ((0, 5), (1, 4)) for o in ra
 
 def remap_frame(remap: Remap = REMAP, extra: list[tuple] = ()) -> pd.DataFrame:
     return pd.DataFrame(list(remap.increments()) + list(extra), columns=["partition", "into_time", "increment"])
-
-
-def batch_frame(rows=None, extra: list[tuple] = ()) -> pd.DataFrame:
-    rows = reclock(UPDATES, REMAP) if rows is None else rows
-    return pd.DataFrame(list(rows) + list(extra), columns=["data", "partition", "offset", "into_time", "diff"])
 
 
 def test_good_remap_passes():
@@ -74,11 +73,24 @@ def test_remap_within_recorded_upstream(frame, upstreams, success):
     assert report.failed == ([] if success else ["remap.within_upstream"]), report.summary()
 
 
-def test_good_batch_passes():
-    report = check_reclocked(batch_frame(), REMAP, start=10)
+BATCH_SCHEMA = "data string, partition int, offset long, into_time long, diff long"
+
+
+def spark_batch(spark, rows=None, extra: list[tuple] = (), schema: str = BATCH_SCHEMA):
+    """The staged batch as Spark sees it: the good one (every update reclocked), or ``rows``, plus ``extra``."""
+    rows = list(reclock(UPDATES, REMAP)) if rows is None else list(rows)
+    return spark.createDataFrame([tuple(r) for r in rows] + list(extra), schema)
+
+
+@pytest.mark.slow
+def test_good_batch_passes(spark):
+    report = check_reclocked(spark_batch(spark), REMAP, start=10)
     assert report.success, report.summary()
     assert report.rows == len(UPDATES)
     assert report.as_dict() == {"subject": "reclocked batch", "rows": 9, "success": True, "failed": []}
+    assert [r.name for r in report.results] == [
+        "reclocked.stamped", "reclocked.first_covering_binding", "reclocked.within_frontier",
+        "reclocked.diff_non_zero", "reclocked.in_window", "reclocked.offsets_unique"]
 
 
 def _changed(offset_in_p0: int, **fields) -> list:
@@ -87,61 +99,144 @@ def _changed(offset_in_p0: int, **fields) -> list:
             for r in reclock(UPDATES, REMAP)]
 
 
-@pytest.mark.parametrize("frame, start, failing", [
-    (batch_frame(_changed(0, into_time=20)), None, "reclocked.first_covering_binding"),   # a later binding
-    (batch_frame(_changed(4, into_time=10)), None, "reclocked.first_covering_binding"),   # an earlier one
-    (batch_frame(extra=[("late", 1, 4, 30, 1)]), None, "reclocked.within_frontier"),
-    (batch_frame(_changed(1, diff=0)), None, "reclocked.diff_non_zero"),
-    (batch_frame(extra=[("again", 1, 3, 30, 1)]), None, "reclocked.offsets_unique"),
-    (batch_frame(_changed(0, into_time=None)), None, "reclocked.stamped"),
-    (batch_frame(), 20, "reclocked.in_window"),                               # records of binding 10 restaged
-], ids=["later-binding", "earlier-binding", "beyond-frontier", "zero-diff", "duplicate-offset", "null-into_time",
-        "outside-window"])
-def test_broken_batch_fails_its_check(frame, start, failing):
-    report = check_reclocked(frame, REMAP, start)
+@pytest.mark.slow
+@pytest.mark.parametrize("rows, extra, start, failing, named", [
+    (_changed(0, into_time=20), [], None, "reclocked.first_covering_binding", (0, 0, 20)),   # a later binding
+    (_changed(4, into_time=10), [], None, "reclocked.first_covering_binding", (0, 4, 10)),   # an earlier one
+    (None, [("late", 1, 4, 30, 1)], None, "reclocked.within_frontier", (1, 4, 30)),
+    (None, [("lost", 7, 0, 30, 1)], None, "reclocked.within_frontier", (7, 0, 30)),         # unknown partition
+    (None, [("nowhere", None, 0, 30, 1)], None, "reclocked.within_frontier", (None, 0, 30)),
+    (_changed(1, diff=0), [], None, "reclocked.diff_non_zero", (0, 1, 10)),
+    (None, [("again", 1, 3, 30, 1)], None, "reclocked.offsets_unique", None),
+    (_changed(0, into_time=None), [], None, "reclocked.stamped", (0, 0, None)),
+    (None, [], 20, "reclocked.in_window", (0, 0, 10)),                               # records of binding 10 restaged
+], ids=["later-binding", "earlier-binding", "beyond-frontier", "unknown-partition", "null-partition", "zero-diff",
+        "duplicate-offset", "null-into_time", "outside-window"])
+def test_broken_batch_fails_its_check(spark, rows, extra, start, failing, named):
+    """Each broken batch fails its own check only, naming the record (partition, offset, into_time) that breaks it."""
+    report = check_reclocked(spark_batch(spark, rows, extra), REMAP, start)
     assert report.failed == [failing], report.summary()
+    result = next(r for r in report.results if r.name == failing)
+    if named is not None:
+        assert result.unexpected_count >= 1 and named in [(s["partition"], s["offset"], s["into_time"])
+                                                          for s in result.sample], result.sample
+    else:
+        assert result.unexpected_count == 2 and result.sample == [{"partition": 1, "offset": 3, "records": 2}]
     with pytest.raises(ChecksFailed, match=f"FAIL {failing}"):
         report.raise_for_failure()
 
 
-def test_missing_column_fails_with_the_error():
-    report = check_reclocked(batch_frame().drop(columns="diff"), REMAP)
-    assert report.failed == ["reclocked.diff_non_zero"]
-    assert 'The column "diff" in BatchData does not exist' in report.summary()
-
-
-def test_empty_window_holds_no_records():
-    assert check_reclocked(batch_frame().iloc[:0], REMAP, start=REMAP.upper).success
-    assert check_reclocked(batch_frame(), REMAP, start=REMAP.upper).failed == ["reclocked.in_window"]
-
-
-def test_duplicate_offsets_allowed_when_not_unique():
-    frame = batch_frame(extra=[("retraction", 1, 3, 30, -1)])
-    assert check_reclocked(frame, REMAP, offsets_unique=False).success
+@pytest.mark.slow
+def test_bad_records_are_counted(spark):
+    """The count is of records, not of the (partition, binding) groups Spark aggregated them into."""
+    rows = [r._replace(into_time=30) for r in reclock(UPDATES, REMAP)]  # every record stamped at the last binding
+    report = check_reclocked(spark_batch(spark, rows), REMAP, start=10)
+    result = next(r for r in report.results if r.name == "reclocked.first_covering_binding")
+    assert report.failed == ["reclocked.first_covering_binding"] and result.unexpected_count == 7, report.summary()
+    assert [(s["partition"], s["offset"]) for s in result.sample] == [(0, 0), (1, 0)]  # the least per group
 
 
 @pytest.mark.slow
-def test_spark_batch(spark):
-    schema = "data string, partition int, offset long, into_time long, diff long"
-    good = spark.createDataFrame(list(reclock(UPDATES, REMAP)), schema)
-    report = check_reclocked(good, REMAP, start=10)
-    assert report.success and report.rows == len(UPDATES), report.summary()
+def test_missing_column_fails_with_the_error(spark):
+    with pytest.raises(Exception, match="diff"):
+        check_reclocked(spark_batch(spark).drop("diff"), REMAP)
 
-    broken = spark.createDataFrame(_changed(0, into_time=20) + [("late", 1, 4, 30, 1), ("gone", 0, 1, 10, 0)], schema)
+
+@pytest.mark.slow
+def test_empty_window_holds_no_records(spark):
+    assert check_reclocked(spark_batch(spark, []), REMAP, start=REMAP.upper).success
+    assert check_reclocked(spark_batch(spark), REMAP, start=REMAP.upper).failed == ["reclocked.in_window"]
+
+
+@pytest.mark.slow
+def test_duplicate_offsets_allowed_when_not_unique(spark):
+    report = check_reclocked(spark_batch(spark, extra=[("retraction", 1, 3, 30, -1)]), REMAP, offsets_unique=False)
+    assert report.success and "reclocked.offsets_unique" not in [r.name for r in report.results]
+
+
+@pytest.mark.slow
+def test_several_laws_broken_at_once(spark):
+    broken = spark_batch(spark, _changed(0, into_time=20) + [("late", 1, 4, 30, 1), ("gone", 0, 1, 10, 0)])
     report = check_reclocked(broken, REMAP)
     assert report.failed == ["reclocked.first_covering_binding", "reclocked.within_frontier",
                              "reclocked.diff_non_zero", "reclocked.offsets_unique"], report.summary()
 
 
-def dead_letter_frame(rows) -> pd.DataFrame:
-    return pd.DataFrame([("s", p, o, t, b"k", b"\xff", error) for p, o, t, error in rows],
-                        columns=["source", "partition", "offset", "into_time", "key", "value", "error"])
+@pytest.mark.slow
+def test_big_offsets_compare_as_numbers(spark):
+    """Offsets stored as strings (reclock.offsets) order as numbers: "003:100" is after "002:99"; an unreadable one
+    is beyond the frontier, as the engine cannot place it."""
+    remap = Remap().mint(10, Frontier.of({0: 99})).mint(20, Frontier.of({0: 10 ** 30}))
+    rows = [("a", 0, offsets.encode(98), 10, 1), ("b", 0, offsets.encode(99), 20, 1),
+            ("c", 0, offsets.encode(100), 20, 1), ("d", 0, offsets.encode(10 ** 30 - 1), 20, 1)]
+    schema = BATCH_SCHEMA.replace("offset long", "offset string")
+    assert check_reclocked(spark_batch(spark, rows, schema=schema), remap, start=10).success
+    for bad, failing in [(("e", 0, offsets.encode(101), 10, 1), "reclocked.first_covering_binding"),
+                         (("f", 0, offsets.encode(10 ** 30), 20, 1), "reclocked.within_frontier"),
+                         (("g", 0, "002:0100", 20, 1), "reclocked.within_frontier"),   # not canonical
+                         (("h", 0, "bogus", 20, 1), "reclocked.within_frontier")]:
+        report = check_reclocked(spark_batch(spark, rows + [bad], schema=schema), remap, start=10)
+        assert report.failed == [failing], (bad, report.summary())
 
 
+# --- the aggregate law is the per-record law -------------------------------------------------------
+
+def per_record_failures(rows, remap: Remap, start: int | None) -> set[str]:
+    """The laws, record by record, with the engine (what the checks computed per record before aggregating)."""
+    failed, seen = set(), set()
+    for _, p, o, t, diff in rows:
+        expected = None if p is None or o is None else remap.into_time_of(p, o)
+        if t is None:
+            failed.add("reclocked.stamped")
+        if expected is None:
+            failed.add("reclocked.within_frontier")
+        elif t is not None and t != expected:
+            failed.add("reclocked.first_covering_binding")
+        if diff == 0:
+            failed.add("reclocked.diff_non_zero")
+        if t is not None and (t >= remap.upper or start is not None and t < start):  # no start: (-inf, upper)
+            failed.add("reclocked.in_window")
+        if (p, o) in seen and (p, o) != (None, None):
+            failed.add("reclocked.offsets_unique")
+        seen.add((p, o))
+    return failed
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_aggregate_checks_accept_what_the_per_record_law_accepts(spark, data):
+    """On random small batches and remaps, the Spark aggregates fail exactly the checks some record breaks."""
+    partitions = st.sampled_from([0, 1, 2])
+    steps = data.draw(st.lists(st.dictionaries(partitions, st.integers(1, 4), min_size=1), min_size=1, max_size=4))
+    remap, upper = Remap(), {}
+    for i, step in enumerate(steps):
+        upper = {p: upper.get(p, 0) + step.get(p, 0) for p in {*upper, *step}}
+        remap = remap.mint(10 * (i + 1), Frontier.of(upper))
+    times = st.one_of(st.none(), st.sampled_from([5] + [10 * (i + 1) for i in range(len(steps) + 1)]))
+    record = st.tuples(st.just("x"), st.one_of(partitions, st.none()), st.one_of(st.integers(-1, 14), st.none()),
+                       times, st.sampled_from([1, -1, 0]))
+    good = [("x", p, o, t, 1) for t, p, o in
+            ((r.into_time, r.partition, o) for r in remap.ranges(0) for o in range(r.start, r.end))]
+    rows = data.draw(st.one_of(st.lists(record, max_size=8),
+                               st.lists(st.sampled_from(good), max_size=8, unique=True) if good else st.just([]),
+                               st.lists(st.one_of(st.sampled_from(good), record), max_size=8) if good
+                               else st.just([])))
+    start = data.draw(st.sampled_from([None, 10, 20]))
+    report = check_reclocked(spark_batch(spark, rows), remap, start)
+    assert set(report.failed) == per_record_failures(rows, remap, start), (rows, steps, start, report.summary())
+
+
+def dead_letter_rows(rows) -> list[tuple]:
+    return [("s", p, o, t, b"k", b"\xff", error) for p, o, t, error in rows]
+
+
+DEAD_SCHEMA = "source string, partition int, offset long, into_time long, key binary, value binary, error string"
 GOOD_DEAD = [(0, 3, 20, "topic 't' partition 0 offset 3: record is not valid utf-8 (undecodable value)"),
              (1, 2, 30, "topic 't' partition 1 offset 2: record is not valid utf-8 (undecodable key)")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dead, failing", [
     (GOOD_DEAD, []),
     ([], []),  # none: reported as 0
@@ -150,16 +245,19 @@ GOOD_DEAD = [(0, 3, 20, "topic 't' partition 0 offset 3: record is not valid utf
     ([(1, 2, 30, None)], ["dead_letter.has_error"]),
     ([(0, 4, 20, "x")], ["dead_letter.not_in_batch"]),  # (0, 4) is in the batch too: counted twice
 ], ids=["good", "none", "wrong-binding", "out-of-window", "no-error", "also-in-batch"])
-def test_dead_letters_are_counted_and_checked(dead, failing):
+def test_dead_letters_are_counted_and_checked(spark, dead, failing):
     """The count is reported (observed) and never fails; a dead letter must be bound like every record, in the
     window, say why, and not be in the batch as well."""
     dead_offsets = {(p, o) for p, o, _, _ in GOOD_DEAD}
-    batch = batch_frame([r for r in reclock(UPDATES, REMAP) if r[3] > 10 and (r[1], r[2]) not in dead_offsets])
-    report = check_dead_letters(dead_letter_frame(dead), batch, REMAP, 11)
+    batch = spark_batch(spark, [r for r in reclock(UPDATES, REMAP) if r[3] > 10 and (r[1], r[2]) not in dead_offsets])
+    report = check_dead_letters(spark.createDataFrame(dead_letter_rows(dead), DEAD_SCHEMA), batch, REMAP, 11)
     assert report.failed == failing, report.summary()
     count = next(r for r in report.results if r.name == "dead_letter.count")
-    assert count.success and count.observed == len(dead) and report.rows == len(dead)
+    assert count.success and (count.observed or 0) == len(dead) and report.rows == len(dead)
     assert "PASS dead_letter.count: records of the batch that could not be decoded" in report.summary()
+    for name in failing:
+        bad = next(r for r in report.results if r.name == name)
+        assert bad.unexpected_count == 1 and len(bad.sample) == 1 and bad.sample[0]["partition"] == dead[-1][0], bad
 
 
 # Postgres-like histories (table, row JSON, partition, offset, diff) for the primary-key check.
@@ -202,3 +300,50 @@ def test_primary_keys_not_recorded_fail(spark):
     frame = spark.createDataFrame(HELD, "table string, row string, partition string, offset long, diff long")
     report = check_primary_keys(frame, frame, None)
     assert report.failed == ["reclocked.primary_key_unique"] and "stage it again" in report.summary()
+
+
+def test_checks_run_through_the_sources_checkpoints(tmp_path, monkeypatch):
+    """A source's context is made from the project's suites; each kind runs through its checkpoint, whose results go
+    to GX's validation results store and whose Data Docs site is rebuilt on every run (the last KEEP_RUNS kept)."""
+    import json
+
+    from reclock import gx_context
+
+    monkeypatch.setattr(gx_context, "KEEP_RUNS", 2)
+    root = tmp_path / "orders" / "gx"
+    assert gx_context.root_of(str(tmp_path / "orders"), "orders") == str(root)
+    context = gx_context.Context(str(root), "orders")
+    assert sorted(p.name for p in (root / "expectations").glob("*.json")) == [
+        f"{kind}.json" for kind in gx_context.suite_names()]
+    assert {"remap", "reclocked", "reclocked_keys", "dead_letter", "history", "primary_key"} <= set(
+        gx_context.suite_names())
+
+    good = check_remap(remap_frame(), gx=context)
+    bad = check_remap(remap_frame(extra=[(1, 20, -1)]), gx=context)
+    assert good.success and bad.failed == ["remap.monotone"]
+    assert json.loads((root / "checkpoints" / "orders.remap.json").read_text())["validation_definitions"][0][
+        "name"] == "orders.remap"
+    stored = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").glob("*/*.json"))
+    assert [json.loads(p.read_text())["success"] for p in stored] == [True, False]  # GX's own record of each run
+    index = (root / "uncommitted" / "data_docs" / "local_site" / "index.html").read_text()
+    assert "remap" in index and (root / "uncommitted" / "data_docs" / "local_site" / bad.docs[0]).is_file()
+
+    check_remap(remap_frame(), gx=context)
+    runs = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").iterdir())
+    assert len(runs) == 2 and runs[0].name == stored[1].parent.name  # the oldest result is gone
+    assert not (root / "uncommitted" / "data_docs" / "local_site" / good.docs[0]).exists()
+
+
+def test_a_half_written_context_is_made_again(tmp_path, caplog):
+    """GX writes its files in place: a check killed meanwhile must not wedge the source's checks."""
+    from reclock import gx_context
+
+    root = tmp_path / "gx"
+    assert check_remap(remap_frame(), gx=gx_context.Context(str(root), "orders")).success
+    (root / "great_expectations.yml").write_text("fluent_datasources:\n  reclock_pandas: [")
+    (root / "checkpoints" / "orders.remap.json").write_text('{"name": "orders.re')
+    with caplog.at_level("WARNING", logger="reclock"):
+        assert check_remap(remap_frame(), gx=gx_context.Context(str(root), "orders")).success
+    assert "config is made again" in caplog.text and "checkpoint orders.remap unreadable" in caplog.text
+    assert check_remap(remap_frame(extra=[(1, 20, -1)]), gx=gx_context.Context(str(root), "orders")).failed == [
+        "remap.monotone"]

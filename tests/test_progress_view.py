@@ -32,7 +32,7 @@ from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from reclock import check_log, pipeline, sources
 from reclock.checks import ChecksFailed
 from reclock.engine import Frontier
-from reclock.progress import UpstreamUnreachable, collect, probe_options, probe_upper
+from reclock.progress import UpstreamUnreachable, collect, data_docs_file, probe_options, probe_upper
 from reclock.sources.kafka import CLIENT_LOGGER
 from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration, legend,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
@@ -54,10 +54,12 @@ def check_record(success: bool = True, checked_at: int = T0 + 90_000) -> dict:
                 "description": "every record has an IntoTime", "unexpected_count": 0, "sample": [], "error": None}]
     return {"version": 1, "source": "orders", "checked_at": checked_at, "success": success,
             "window": [0, T0 + 30_000], "remap_upper": T0 + 30_001,
+            "data_docs": "/wh/orders/gx/uncommitted/data_docs/local_site",
             "reports": {"remap": {"subject": "remap (3 bindings)", "rows": 6, "success": True, "failed": [],
                                   "summary": "remap: 5/5 checks passed on 6 rows", "results": []},
                         "reclocked": {"subject": "reclocked batch", "rows": 40, "success": success,
                                       "failed": [] if success else ["reclocked.first_covering_binding"],
+                                      "docs": [f"validations/reclocked/__none__/{checked_at}/r.html"],
                                       "summary": "...", "results": results}}}
 
 
@@ -179,6 +181,12 @@ def test_page_shows_facts_chart_and_check_results():
     assert "checks passed" in s and "PASS" in s and "reclocked.first_covering_binding" in s
     assert s.index('data-report="remap"') < s.index('data-report="reclocked"')
     assert 'href="api/progress"' in page and "<script" not in page
+    # the latest run's Great Expectations Data Docs: the site, and the page of each report that has one
+    assert '<a class="data-docs" href="gx/orders/index.html">Data Docs</a>' in s
+    reclocked = s[s.index('data-report="reclocked"'):]
+    assert f'href="gx/orders/validations/reclocked/__none__/{T0 + 90_000}/r.html">result</a>' in reclocked
+    older = render_checks({k: v for k, v in check_record().items() if k != "data_docs"})  # recorded before GX sites
+    assert 'href="gx/orders/index.html"' not in older
 
 
 def test_failed_check_is_shown_with_its_failing_check():
@@ -321,6 +329,17 @@ def test_pipeline_check_records_results_before_raising(tmp_path, spark):
     assert passed["window"] == [0, T0 + 30_000] and passed["remap_upper"] == T0 + 30_001
     assert {k: r["summary"] for k, r in passed["reports"].items()} == summaries
     assert all(r["success"] for report in passed["reports"].values() for r in report["results"])
+    # GX keeps the results and Data Docs in the source's context, beside its tables (not in the repository)
+    site = passed["data_docs"]
+    assert site == f"{uri}/gx/uncommitted/data_docs/local_site"
+    index = Path(site, "index.html").read_text()
+    assert "reclocked" in index and "reclocked_keys" in index and "remap" in index
+    pages = [page for report in passed["reports"].values() for page in report["docs"]]
+    assert len(pages) == 3 and all(Path(site, page).is_file() for page in pages)  # remap, reclocked, its keys
+    assert data_docs_file("events", pages[0], str(config)) == os.path.realpath(Path(site, pages[0]))
+    assert data_docs_file("events", "../../../../last_check.json", str(config)) is None  # outside the site
+    assert data_docs_file("nosuch", "index.html", str(config)) is None
+    assert list(Path(uri, "gx", "uncommitted", "validations").iterdir())  # the validation results store
     pipeline.publish("events", str(config), spark=spark)
 
     run_ticks(config, 3, 2, spark)
@@ -332,6 +351,10 @@ def test_pipeline_check_records_results_before_raising(tmp_path, spark):
     assert failed["window"] == [T0 + 30_001, T0 + 60_000]
     assert "reclocked.first_covering_binding" in failed["reports"]["reclocked"]["failed"]
     assert failed["reports"]["remap"]["success"] is True
+    page = Path(failed["data_docs"], failed["reports"]["reclocked"]["docs"][0]).read_text()
+    assert "reclocked.first_covering_binding" in page or "not_covering" in page  # the failed expectation's page
+    with pytest.raises(ChecksFailed, match="not been checked|not passed"):
+        pipeline.publish("events", str(config), spark=spark)  # a failed check publishes nothing
 
 
 def test_collect_reads_the_warehouse_and_survives_an_unreachable_upstream(tmp_path, spark):
@@ -529,6 +552,15 @@ def test_progress_page_in_airflow_and_chromium(api_server, tmp_path):
     assert f"{T0 + 90_001} = 2026-01-01 00:01:30.001 UTC" in events  # remap upper
     assert "2026-01-01 00:00:45.001 UTC" in events  # reclocked upper: the first batch was published
     assert "never checked" in offline
+    # the last check links to its Great Expectations Data Docs, which the plugin serves
+    links = re.findall(r'<a class="data-docs" href="([^"]+)"', events)
+    assert "gx/events/index.html" in links and any("validations/reclocked/" in link for link in links), links
+    docs = browse(f"{base}/reclock/gx/events/index.html", tmp_path / "chrome", "--dump-dom")
+    assert "reclocked" in docs and "remap" in docs
+    failed_page = next(link for link in links if "validations/reclocked/" in link)
+    status, _, body = http_get(f"{base}/reclock/{failed_page}")
+    assert status == 200 and "not_covering" in body
+    assert http_get(f"{base}/reclock/gx/events/..%2F..%2Flast_check.json")[0] == 404
     # the page asks no upstream: the lag is the one the last tick measured, "offline" never ticked
     assert "as the tick step measured it at" in events and "not measured yet" in offline
     assert "upstream unreachable" not in dom

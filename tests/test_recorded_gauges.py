@@ -303,17 +303,16 @@ def test_warehouse_round_trips_and_compacts_big_increments_exactly(tmp_path, spa
         small.append_binding(Remap(), Remap().mint(1, Frontier.of({SHARD0: SEQ0})))
 
 
-def test_checks_decode_big_offsets():
-    import pandas as pd
-
+@pytest.mark.slow
+def test_checks_decode_big_offsets(spark):
     records = [r for phase in KINESIS for r in phase]
     remap = Remap().mint(1_000, upper_of(records[:5])).mint(2_000, upper_of(records))
-    rows = [{"data": d, "partition": p, "offset": offsets.encode(o), "into_time": t, "diff": diff}
-            for d, p, o, t, diff in reclock(updates_of(records), remap)]
-    assert check_reclocked(pd.DataFrame(rows), remap, start=1_000).success
-    rows[0]["into_time"] = 2_000  # a shard-0 record of the first tick stamped late
-    rows[1]["offset"] = "bogus"
-    report = check_reclocked(pd.DataFrame(rows), remap, start=1_000)
+    rows = [(p, offsets.encode(o), t, diff) for _, p, o, t, diff in reclock(updates_of(records), remap)]
+    schema = "partition string, offset string, into_time long, diff long"  # what the checks read of a batch
+    assert check_reclocked(spark.createDataFrame(rows, schema), remap, start=1_000).success
+    rows[0] = rows[0][:2] + (2_000,) + rows[0][3:]  # a shard-0 record of the first tick stamped late
+    rows[1] = rows[1][:1] + ("bogus",) + rows[1][2:]
+    report = check_reclocked(spark.createDataFrame(rows, schema), remap, start=1_000)
     assert report.failed == ["reclocked.first_covering_binding", "reclocked.within_frontier"], report.summary()
 
 

@@ -8,11 +8,13 @@ storage: a local path by default, or an object store URI through
 ``pyarrow.fs.FileSystem.from_uri`` (S3 credentials and endpoint from the warehouse's
 deltalake ``storage_options`` when given, else from the usual AWS environment).
 
-A record::
+It is reclock's own small record of pass/fail per window (what ``publish`` requires); the full results are
+in the source's Great Expectations stores, and ``data_docs`` is the folder of its Data Docs site
+(:mod:`reclock.gx_context`), ``docs`` the run's pages in it.  A record::
 
     {"version": 1, "source": "orders", "checked_at": <ms>, "success": false,
-     "window": [start, upto] | null, "remap_upper": <ms>,
-     "reports": {"remap": {"subject", "rows", "success", "failed", "summary",
+     "window": [start, upto] | null, "remap_upper": <ms>, "data_docs": "<folder>" | null,
+     "reports": {"remap": {"subject", "rows", "success", "failed", "summary", "docs": ["validations/...html"],
                            "results": [{"name", "success", "description", ...}]},
                  "reclocked": {...}}}
 """
@@ -40,8 +42,8 @@ log = logging.getLogger("reclock")
 
 
 def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, int] | None = None,
-          remap_upper: int | None = None, checked_at: int | None = None) -> dict[str, Any]:
-    """The JSON-able record of one check run."""
+          remap_upper: int | None = None, checked_at: int | None = None, docs: str | None = None) -> dict[str, Any]:
+    """The JSON-able record of one check run (``docs``: the folder of the source's Data Docs site)."""
     return {
         "version": VERSION,
         "source": source,
@@ -49,7 +51,8 @@ def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, 
         "success": all(r.success for r in reports.values()),
         "window": list(window) if window is not None else None,
         "remap_upper": remap_upper,
-        "reports": {kind: {**report.as_dict(), "summary": report.summary(),
+        "data_docs": docs,
+        "reports": {kind: {**report.as_dict(), "summary": report.summary(), "docs": list(report.docs),
                            "results": [asdict(r) for r in report.results]}
                     for kind, report in reports.items()},
     }
@@ -89,12 +92,13 @@ def read(uri: str, storage_options: Mapping[str, str] | None = None) -> dict[str
 
 
 def record(tables: "SourceTables", name: str, reports: Mapping[str, "CheckReport"],
-           window: tuple[int, int] | None = None, remap_upper: int | None = None) -> dict[str, Any] | None:
+           window: tuple[int, int] | None = None, remap_upper: int | None = None,
+           docs: str | None = None) -> dict[str, Any] | None:
     """Record a check run of source ``name`` next to its tables; None (and a warning) when it cannot be stored.
 
     A storage error here must not hide the check's own outcome, so it is logged, not raised.
     """
-    result = entry(name, reports, window, remap_upper)
+    result = entry(name, reports, window, remap_upper, docs=docs)
     try:
         write(tables.uri, result, tables.storage_options)
     except (OSError, ValueError) as e:

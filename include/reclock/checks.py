@@ -1,25 +1,47 @@
 """Great Expectations checks on what reclock publishes: the ``remap`` table and a staged reclocked batch
-(and the batch's dead letters, for a source with ``on_bad_record: dead_letter``).
+(and the batch's dead letters, for a source with ``on_bad_record: dead_letter``; and for sources whose records
+are diffs, the consolidated history).
 
-Each check is one GX expectation on one data frame, run in an ephemeral GX
-context: the remap rows through a pandas data source, the reclocked batch
-through a Spark data source when it is a Spark DataFrame (GX 1.24 works with
-pyspark 4.1) and through the pandas one when it is a pandas DataFrame.  Derived
-columns (net increments, binding gaps, the engine's expected IntoTime) are
-added first so that every law is a plain column expectation.
+Each check kind is one GX suite of the project (``include/gx/expectations/<kind>.json``), run through its
+checkpoint in the source's GX file Data Context (:mod:`reclock.gx_context`), whose Data Docs show every run.
+What GX validates is small:
+
+* ``remap``: the stored remap rows (pandas; remap is small), with derived columns (net increments, binding
+  gaps, the excess over the upstream's recorded upper) so that every law is a plain column expectation;
+* ``reclocked`` / ``dead_letter``: the staged batch is never collected.  Spark reads its ``partition, offset,
+  into_time, diff`` columns and aggregates them per ``(partition, into_time)`` (a few rows: partitions x
+  bindings) with, per law, the number of records that break it and the least such offset.  The per-record law
+  of IntoTime is the engine's: with ``Remap.into_time_of`` monotone in the offset, the offsets that reclock
+  to binding ``t`` in partition ``p`` are one range ``[lo, hi)`` (``lo`` unbounded for ``p``'s first
+  binding), so with the engine's small tables of ranges and of the frontier joined in (broadcast)::
+
+      beyond(r)       = offset unreadable or null  or  p unknown  or  offset >= frontier[p]
+                        (<=>  into_time_of(p, offset) is None)
+      not_covering(r) = not beyond(r) and into_time is not null and offset not in [lo, hi) of (p, into_time)
+                        (<=>  into_time_of(p, offset) not in (None, into_time))
+
+  exactly the expectations the records had before (``tests/test_checks.py`` checks the equivalence on random
+  batches).  Offsets stored as strings (:mod:`reclock.offsets`) compare as strings, which is their numeric
+  order once they are valid encodings (an invalid one is ``beyond``, as the engine cannot read it);
+* ``reclocked_keys``: the batch's ``(partition, offset)`` counted in Spark, per partition the records whose
+  key is not unique (sources with one record per offset);
+* ``history`` / ``primary_key``: Spark DataFrames of what the batch touches, consolidated in Spark (GX's Spark
+  engine computes their metrics).
+
+A failed check names the records that break it: up to 5 ``(partition, offset, into_time)`` in its sample.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from . import offsets
 from .engine import Frontier, Remap
 
-EXPECTED = "expected_into_time"
+SAMPLE = 5  # offending rows named per failed check
 
 
 class ChecksFailed(RuntimeError):
@@ -53,6 +75,8 @@ class CheckReport:
     subject: str
     rows: int
     results: tuple[CheckResult, ...]
+    #: The run's Data Docs pages (relative to the source's Data Docs site; :mod:`reclock.gx_context`).
+    docs: tuple[str, ...] = ()
 
     @property
     def success(self) -> bool:
@@ -79,17 +103,17 @@ class CheckReport:
 # --- the checks ------------------------------------------------------------------------------
 
 
-def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int, Frontier] | None = None
-                ) -> CheckReport:
+def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int, Frontier] | None = None,
+                *, gx=None) -> CheckReport:
     """Check stored remap rows ``(partition, into_time, increment)``; ``since`` is the compaction frontier
     (rows at or before it count as one binding at ``since``, as compaction folds them).
 
     ``upstreams``: the upstream's upper each tick recorded with its binding (``{into_time: frontier}``);
     a partition's bound offset (the sum of its increments up to a binding) must not exceed it, which an
     increment counted twice (racing ticks) or a frontier beyond the upstream would break.
-    """
-    import great_expectations.expectations as gxe
 
+    ``gx``: the source's GX context (:func:`reclock.gx_context.open_context`); default :func:`scratch_context`.
+    """
     df = remap_rows[["partition", "into_time", "increment"]].copy()
     # Rows at or before since are read at since, as compaction folds them (it records since first, then
     # rewrites remap): a compaction killed in between leaves them so, and the next one finishes it.
@@ -107,23 +131,8 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int
     gaps = times.diff().fillna(times - (since - 1)) if len(times) else times
     df["binding_gap"] = df["into_time"].map(dict(zip(times, gaps)))
     df["upstream_excess"] = _int64_or_sign(_upstream_excess(df, upstreams or {}))
-    return _validate(f"remap ({len(times)} bindings)", df, ["partition", "into_time"], {
-        "remap.partition_not_null": (gxe.ExpectColumnValuesToNotBeNull(column="partition"),
-                                     "no null partition"),
-        "remap.into_time_not_null": (gxe.ExpectColumnValuesToNotBeNull(column="into_time"),
-                                     "no null into_time"),
-        "remap.monotone": (gxe.ExpectColumnValuesToBeBetween(column="net_increment", min_value=0),
-                           "increments >= 0 per (partition, into_time): every partition's upper only grows"),
-        "remap.times_increasing": (gxe.ExpectColumnValuesToBeBetween(column="binding_gap", min_value=0,
-                                                                     strict_min=True),
-                                   f"binding IntoTimes strictly increase, from since={since}"),
-        "remap.bindings_move": (gxe.ExpectColumnValuesToBeBetween(column="binding_increment", min_value=0,
-                                                                  strict_min=True),
-                                "every binding moves the frontier"),
-        "remap.within_upstream": (gxe.ExpectColumnValuesToBeBetween(column="upstream_excess", max_value=0),
-                                  "no bound offset beyond the upstream's upper recorded at its tick "
-                                  "(nothing counted twice)"),
-    })
+    run = _run(gx, "remap", df, ["partition", "into_time"], {"since": since})
+    return _report(f"remap ({len(times)} bindings)", len(df), [run])
 
 
 def _upstream_excess(df: pd.DataFrame, upstreams: Mapping[int, Frontier]) -> pd.Series:
@@ -151,72 +160,64 @@ def _int64_or_sign(sums: pd.Series) -> pd.Series:
     return pd.Series([None if v is None else (v > 0) - (v < 0) for v in values], index=sums.index, dtype="Int64")
 
 
-def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_unique: bool = True) -> CheckReport:
-    """Check a staged reclocked batch (pandas or Spark DataFrame with partition, offset, into_time, diff).
+def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_unique: bool = True,
+                    gx=None) -> CheckReport:
+    """Check a staged reclocked batch (a Spark DataFrame with partition, offset, into_time, diff), aggregated in
+    Spark (module docstring): nothing of the batch is collected but a few rows per (partition, binding).
 
-    ``start``: first IntoTime of the pending window; when given, every record must lie in
-    ``[start, remap.upper)`` (nothing already published is staged again).
+    ``start``: first IntoTime of the pending window: every record must lie in ``[start, remap.upper)`` (nothing
+    already published is staged again); None: below ``remap.upper`` only.
     ``offsets_unique``: one record per offset (Kafka), so ``(partition, offset)`` is a key.
     """
-    import great_expectations.expectations as gxe
+    from pyspark.sql import functions as F
 
-    checks = {
-        "reclocked.stamped": (gxe.ExpectColumnValuesToNotBeNull(column="into_time"), "every record has an IntoTime"),
-        "reclocked.first_covering_binding": (
-            gxe.ExpectColumnPairValuesToBeEqual(column_A="into_time", column_B=EXPECTED,
-                                                ignore_row_if="either_value_is_missing"),
-            "into_time is the first binding covering (partition, offset)"),
-        "reclocked.within_frontier": (gxe.ExpectColumnValuesToNotBeNull(column=EXPECTED),
-                                      "no record beyond the remap frontier"),
-        "reclocked.diff_non_zero": (gxe.ExpectColumnValuesToNotBeInSet(column="diff", value_set=[0]),
-                                    "diff is non-zero"),
-    }
-    if start is not None:
-        upto = remap.upper - 1
-        checks["reclocked.in_window"] = (
-            gxe.ExpectColumnValuesToBeBetween(column="into_time", min_value=start, max_value=upto)
-            if upto >= start else gxe.ExpectTableRowCountToEqual(value=0),  # an empty window holds nothing
-            f"into_time in the pending window [{start}, {upto}]")
+    zero = F.coalesce(F.col("diff") == 0, F.lit(False))
+    frame = _small_frame(_by_binding(batch, remap, {
+        "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}))
+    params = _window(remap, start)
+    runs = [_run(gx, "reclocked", frame, ["partition", "into_time"], params, {
+        "reclocked.stamped": _unstamped,
+        "reclocked.first_covering_binding": _counted("not_covering", "first_not_covering"),
+        "reclocked.within_frontier": _counted("beyond", "first_beyond"),
+        "reclocked.diff_non_zero": _counted("zero_diffs", "first_zero_diff"),
+        "reclocked.in_window": _outside(params)})]
     if offsets_unique:
-        checks["reclocked.offsets_unique"] = (
-            gxe.ExpectCompoundColumnsToBeUnique(column_list=["partition", "offset"]),
-            "no duplicate (partition, offset)")
-    return _validate("reclocked batch", with_expected_into_time(batch, remap), ["partition", "offset"], checks)
+        keys = _small_frame(_duplicates(batch))
+        runs.append(_run(gx, "reclocked_keys", keys, ["partition"], params, {
+            "reclocked.offsets_unique": _duplicate_keys(batch, keys)}))
+    return _report("reclocked batch", _records(frame), runs)
 
 
-def check_dead_letters(dead_letters: pd.DataFrame, batch: pd.DataFrame, remap: Remap, start: int) -> CheckReport:
-    """Check and count the dead letters of a staged batch (``partition, offset, into_time, error``...): the
-    records of the pending window ``[start, remap.upper)`` that could not be decoded.
+def check_dead_letters(dead_letters, batch, remap: Remap, start: int, *, gx=None) -> CheckReport:
+    """Check and count the dead letters of a staged batch (Spark DataFrames: ``partition, offset, into_time,
+    error``... and the reclocked batch): the records of the pending window ``[start, remap.upper)`` that could
+    not be decoded, aggregated in Spark like the batch (:func:`check_reclocked`).
 
     They are reported, not refused (``dead_letter.count``, whose observed value is their number, never fails):
     the source chose to go on past them.  What must hold is that they are bound like every record (the first
     binding covering their offset, in the window), say why, and are not in the reclocked ``batch`` as well.
     """
-    import great_expectations.expectations as gxe
+    from pyspark.sql import functions as F
 
-    staged = set(zip(batch["partition"].tolist(), batch["offset"].tolist()))
-    df = with_expected_into_time(dead_letters.drop(columns=["key", "value"]), remap)
-    df["in_batch"] = pd.array([(p, o) in staged for p, o in zip(df["partition"].tolist(), df["offset"].tolist())],
-                              dtype="Int64")
+    keys = ["partition", "offset"]
+    # The batch's keys that are dead letters too: a semi join against the (few) dead letters' keys.
+    both = batch.select(*keys).join(F.broadcast(dead_letters.select(*keys)), keys, "left_semi").distinct()
+    marked = dead_letters.join(both.withColumn("_in_batch", F.lit(True)), keys, "left")
+    errorless, in_batch = F.col("error").isNull(), F.coalesce(F.col("_in_batch"), F.lit(False))
+    frame = _small_frame(_by_binding(marked, remap, {
+        "errorless": F.sum(errorless.cast("long")), "first_errorless": F.min(F.when(errorless, F.col("offset"))),
+        "in_batch": F.sum(in_batch.cast("long")), "first_in_batch": F.min(F.when(in_batch, F.col("offset")))}))
+    params = _window(remap, start)
+    run = _run(gx, "dead_letter", frame, ["partition", "into_time"], params, {
+        "dead_letter.first_covering_binding": _counted("not_covering", "first_not_covering"),
+        "dead_letter.in_window": _outside(params),
+        "dead_letter.has_error": _counted("errorless", "first_errorless"),
+        "dead_letter.not_in_batch": _counted("in_batch", "first_in_batch")})
     upto = remap.upper - 1
-    return _validate(f"dead letters of IntoTimes {start}..{upto}", df, ["partition", "offset"], {
-        "dead_letter.count": (gxe.ExpectTableRowCountToBeBetween(min_value=0),
-                              "records of the batch that could not be decoded, in the dead-letter table instead "
-                              "(on_bad_record: dead_letter; reported, never refused)"),
-        "dead_letter.first_covering_binding": (
-            gxe.ExpectColumnPairValuesToBeEqual(column_A="into_time", column_B=EXPECTED,
-                                                ignore_row_if="either_value_is_missing"),
-            "bound like every record: into_time is the first binding covering (partition, offset)"),
-        "dead_letter.in_window": (gxe.ExpectColumnValuesToBeBetween(column="into_time", min_value=start,
-                                                                    max_value=max(start, upto)),
-                                  f"into_time in the pending window [{start}, {upto}]"),
-        "dead_letter.has_error": (gxe.ExpectColumnValuesToNotBeNull(column="error"), "every dead letter says why"),
-        "dead_letter.not_in_batch": (gxe.ExpectColumnValuesToNotBeInSet(column="in_batch", value_set=[1]),
-                                     "no dead-lettered offset is in the reclocked batch too (nothing counted twice)"),
-    })
+    return _report(f"dead letters of IntoTimes {start}..{upto}", _records(frame), [run])
 
 
-def check_consolidated(published, staged, content: list[str], label=None) -> CheckReport:
+def check_consolidated(published, staged, content: list[str], label=None, *, gx=None) -> CheckReport:
     """Check that publishing ``staged`` keeps every record's consolidated multiplicity AS OF the new upper at least 0.
 
     For sources whose records are diffs (Postgres changes: ``-1`` of an old row, ``+1`` of a new one), a
@@ -227,20 +228,17 @@ def check_consolidated(published, staged, content: list[str], label=None) -> Che
     them (``partition``, ``offset``, and ``label``: a Column spelling the offset as the source does, e.g. a
     Postgres LSN).
     """
-    import great_expectations.expectations as gxe
-
     consolidated, index = _consolidated(published, staged, content, label)
-    return _validate("reclocked history", consolidated, index, {
-        "reclocked.consolidates": (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", min_value=0),
-                                   "every record's multiplicity AS OF the new upper is >= 0 (no retraction of "
-                                   "a record the history does not hold)")})
+    run = _run(gx, "history", consolidated, index, {})
+    consolidated.unpersist()  # GX caches the batch while computing its metrics
+    return _report("reclocked history", _element_count(run), [run])
 
 
 PRIMARY_KEY_UNIQUE = "reclocked.primary_key_unique"
 
 
 def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[str]] | None,
-                       label=None) -> CheckReport:
+                       label=None, *, gx=None) -> CheckReport:
     """Check that publishing ``staged`` leaves at most one live row per primary key AS OF the new upper.
 
     ``primary_keys``: ``{table: [column, ...]}`` of the tables with a primary key (a Postgres source's
@@ -253,8 +251,6 @@ def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[st
     A key held twice (a duplicate insert, changes replayed twice) fails, naming the table, the key and where
     the batch last changed it (``partition``, ``offset``, ``label``), as :func:`check_consolidated` does.
     """
-    import great_expectations.expectations as gxe
-
     subject = "reclocked history per primary key"
     description = "every primary key is held by at most one row AS OF the new upper (tables with a primary key)"
     if primary_keys is None:
@@ -263,8 +259,9 @@ def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[st
             error="no primary keys were recorded with the staged batch: stage it again"),))
     consolidated, index = _consolidated(_with_primary_key(published, primary_keys),
                                         _with_primary_key(staged, primary_keys), ["table", "key"], label)
-    return _validate(subject, consolidated, index, {
-        PRIMARY_KEY_UNIQUE: (gxe.ExpectColumnValuesToBeBetween(column="multiplicity", max_value=1), description)})
+    run = _run(gx, "primary_key", consolidated, index, {})
+    consolidated.unpersist()  # GX caches the batch while computing its metrics
+    return _report(subject, _element_count(run), [run])
 
 
 def _with_primary_key(df, primary_keys: Mapping[str, Sequence[str]]):
@@ -298,59 +295,175 @@ def _consolidated(published, staged, content: list[str], label=None):
     return consolidated, [*content, "partition", "offset"] + (["at"] if label is not None else [])
 
 
-def with_expected_into_time(batch, remap: Remap):
-    """``batch`` plus the engine's ``remap.into_time_of(partition, offset)`` (null when beyond the frontier)."""
-    if isinstance(batch, pd.DataFrame):
-        return _add_expected(batch, remap)
+# --- the batch, aggregated in Spark per (partition, binding) -----------------------------------
+
+def _by_binding(df, remap: Remap, extra: Mapping[str, Any]):
+    """``df`` (Spark: ``partition, offset, into_time``...) aggregated per ``(partition, into_time)``: ``records``,
+    ``min_offset``, ``max_offset``, ``beyond`` and ``not_covering`` (the per-record law, module docstring) with the
+    least offending offset of each (``first_beyond``, ``first_not_covering``), and the ``extra`` aggregates."""
+    from pyspark.sql import functions as F
+
+    ranges, frontier = _engine_tables(df, remap)
+    o, t = F.col("offset"), F.col("into_time")
+    joined = (df.join(F.broadcast(frontier), df["partition"] == frontier["_fp"], "left")
+              .join(F.broadcast(ranges), (df["partition"] == ranges["_rp"]) & (t == ranges["_rt"]), "left"))
+    readable = o.isNotNull() & (_encoded(o) if _big(df) else F.lit(True))
+    beyond = F.coalesce(~readable | F.col("_upper").isNull() | (o >= F.col("_upper")), F.lit(True))
+    covered = F.coalesce(F.col("_hi").isNotNull() & (F.col("_lo").isNull() | (o >= F.col("_lo")))
+                         & (o < F.col("_hi")), F.lit(False))
+    not_covering = ~beyond & t.isNotNull() & ~covered
+    return joined.groupBy("partition", "into_time").agg(
+        F.count(F.lit(1)).alias("records"), F.min(o).alias("min_offset"), F.max(o).alias("max_offset"),
+        F.sum(beyond.cast("long")).alias("beyond"), F.min(F.when(beyond, o)).alias("first_beyond"),
+        F.sum(not_covering.cast("long")).alias("not_covering"),
+        F.min(F.when(not_covering, o)).alias("first_not_covering"),
+        *[column.alias(name) for name, column in extra.items()])
+
+
+def _engine_tables(df, remap: Remap):
+    """The engine's small tables, as Spark DataFrames typed like ``df``'s partition and offset columns:
+    ``(_rp, _rt, _lo, _hi)``, the offsets ``[_lo, _hi)`` that reclock to binding ``_rt`` in partition ``_rp``
+    (``_lo`` null for the partition's first binding: every offset below ``_hi``), and ``(_fp, _upper)``, the frontier."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    schema = StructType(batch.schema.fields + [StructField(EXPECTED, LongType(), True)])
-    return batch.mapInPandas(lambda frames: (_add_expected(f, remap) for f in frames), schema)
+    partition, offset = df.schema["partition"].dataType, df.schema["offset"].dataType
+    store = offsets.encode if _big(df) else int
+    rows, seen = [], set()
+    for r in remap.ranges(remap.since):
+        rows.append((r.partition, r.into_time, None if r.partition not in seen else store(r.start), store(r.end)))
+        seen.add(r.partition)
+    spark = df.sparkSession
+    ranges = spark.createDataFrame(rows, StructType([
+        StructField("_rp", partition), StructField("_rt", LongType()), StructField("_lo", offset),
+        StructField("_hi", offset)]))
+    frontier = spark.createDataFrame([(p, store(u)) for p, u in remap.frontier], StructType([
+        StructField("_fp", partition), StructField("_upper", offset)]))
+    return ranges, frontier
 
 
-def _add_expected(df: pd.DataFrame, remap: Remap) -> pd.DataFrame:
-    expected = [_into_time_of(remap, p, o) for p, o in zip(df["partition"].tolist(), df["offset"].tolist())]
-    return df.assign(**{EXPECTED: pd.array(expected, dtype="Int64")})
+def _big(df) -> bool:
+    return df.schema["offset"].dataType.typeName() == "string"
 
 
-def _into_time_of(remap: Remap, partition, stored) -> int | None:
-    """The engine's IntoTime of a stored offset (int64, or a big one encoded as a string); None if unreadable."""
-    try:
-        return remap.into_time_of(partition, offsets.from_storage(stored))
-    except offsets.OffsetError:
-        return None  # fails reclocked.within_frontier, naming the row
+def _encoded(o):
+    """A stored big offset that :func:`reclock.offsets.decode` reads: ``"<3-digit length>:<digits>"``, canonical."""
+    from pyspark.sql import functions as F
+
+    return o.rlike(r"^[0-9]{3}:(0|[1-9][0-9]*)$") & (F.length(o) - 4 == F.substring(o, 1, 3).cast("int"))
+
+
+def _duplicates(batch):
+    """Per partition of ``batch``: ``duplicated_records`` (records whose ``(partition, offset)`` is not unique)."""
+    from pyspark.sql import functions as F
+
+    counts = batch.where(F.col("partition").isNotNull() | F.col("offset").isNotNull()).groupBy(
+        "partition", "offset").agg(F.count(F.lit(1)).alias("n"))
+    return counts.groupBy("partition").agg(
+        F.sum(F.when(F.col("n") > 1, F.col("n")).otherwise(0)).alias("duplicated_records"))
+
+
+def _window(remap: Remap, start: int | None) -> dict[str, Any]:
+    """The suites' window parameters: IntoTimes strictly between ``published_upto`` and ``remap_upper``."""
+    return {"published_upto": None if start is None else start - 1, "remap_upper": remap.upper,
+            "start": start, "upto": remap.upper - 1}
+
+
+def _small_frame(df) -> pd.DataFrame:
+    """A small Spark DataFrame (an aggregate) as pandas, integers as nullable Int64 (Python ints in samples)."""
+    names = df.columns
+    frame = pd.DataFrame.from_records([tuple(r) for r in df.collect()], columns=names)
+    for f in df.schema.fields:
+        if f.dataType.typeName() in ("long", "integer", "short", "byte"):
+            frame[f.name] = frame[f.name].astype("Int64")
+    return frame
+
+
+def _records(frame: pd.DataFrame) -> int:
+    return int(frame["records"].sum()) if len(frame) else 0
+
+
+# How a failed aggregate check counts its records and names them: frame -> (bad records, sample rows).
+Named = Callable[[pd.DataFrame], tuple[int, list]]
+
+
+def _sample(rows: pd.DataFrame, offset: str) -> list[dict]:
+    return [{"partition": _plain(r["partition"]), "offset": _plain(r[offset]), "into_time": _plain(r["into_time"])}
+            for _, r in rows.head(SAMPLE).iterrows()]
+
+
+def _counted(count: str, first: str) -> Named:
+    def named(frame: pd.DataFrame) -> tuple[int, list]:
+        bad = frame[frame[count] > 0]
+        return int(bad[count].sum()), _sample(bad, first)
+    return named
+
+
+def _unstamped(frame: pd.DataFrame) -> tuple[int, list]:
+    bad = frame[frame["into_time"].isna()]
+    return int(bad["records"].sum()), _sample(bad, "min_offset")
+
+
+def _outside(params: Mapping[str, Any]) -> Named:
+    after, before = params["published_upto"], params["remap_upper"]
+
+    def named(frame: pd.DataFrame) -> tuple[int, list]:
+        t = frame["into_time"]
+        bad = frame[t.notna() & ((t >= before) | (t <= after if after is not None else False))]
+        return int(bad["records"].sum()), _sample(bad, "min_offset")
+    return named
+
+
+def _duplicate_keys(batch, keys: pd.DataFrame) -> Named:
+    def named(frame: pd.DataFrame) -> tuple[int, list]:
+        from pyspark.sql import functions as F
+
+        counts = batch.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("records"))
+        sample = [{"partition": r["partition"], "offset": r["offset"], "records": r["records"]}
+                  for r in counts.where(F.col("records") > 1).orderBy("partition", "offset").limit(SAMPLE).collect()]
+        return int(frame["duplicated_records"].sum()), sample  # the sample is only asked for on a failure
+    return named
 
 
 # --- running them in GX ----------------------------------------------------------------------
 
 
-def _validate(subject: str, df, index: list[str], checks: dict[str, tuple[Any, str]]) -> CheckReport:
-    """Run ``{name: (expectation, description)}`` on ``df`` (pandas or Spark) as one suite.
+@dataclass(frozen=True)
+class _Ran:
+    run: Any  # reclock.gx_context.Run
+    named: Mapping[str, Named]
+    frame: Any
+    params: Mapping[str, Any]
 
-    Failures are reported with up to 5 bad rows, identified by the ``index`` columns.
-    """
-    import great_expectations as gx
 
-    for name, (expectation, _) in checks.items():
-        expectation.meta = {"check": name}
-    suite = gx.ExpectationSuite(name=subject, expectations=[e for e, _ in checks.values()])
-    spark = not isinstance(df, pd.DataFrame)
-    batch = _batch_definition("spark" if spark else "pandas").get_batch(batch_parameters={"dataframe": df})
-    result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5, "unexpected_index_column_names": index}
-    validation = batch.validate(suite, result_format=result_format)
-    if spark:
-        df.unpersist()  # GX caches the batch while computing its metrics
-    outcome = {r.expectation_config.meta["check"]: r for r in validation.results}
+def _run(gx, kind: str, frame, index: list[str], params: Mapping[str, Any],
+         named: Mapping[str, Named] | None = None) -> _Ran:
+    """Validate ``frame`` with suite ``kind`` through the source's checkpoint (``gx``: the source's context)."""
+    context = gx if gx is not None else scratch_context()
+    return _Ran(context.run(kind, frame, params, index), named or {}, frame, params)
+
+
+def _report(subject: str, rows: int, runs: Sequence[_Ran]) -> CheckReport:
+    """The checks of ``runs``, in their suites' order.  A check of an aggregate (``named``) counts and names the
+    records its failing rows stand for; the others report GX's own count and up to 5 failing rows."""
     results = []
-    for name, (_, description) in checks.items():
-        r = outcome[name]
-        sample = r.result.get("partial_unexpected_index_list") or r.result.get("partial_unexpected_list") or []
-        results.append(CheckResult(
-            name=name, expectation=r.expectation_config.type, success=bool(r.success),
-            description=description, unexpected_count=r.result.get("unexpected_count"),
-            sample=_plain(sample), error=_error(r.exception_info), observed=_plain(r.result.get("observed_value"))))
-    rows = max((r.result.get("element_count") or 0 for r in outcome.values()), default=0)
-    return CheckReport(subject, rows, tuple(results))
+    for ran in runs:
+        for r in ran.run.results:
+            meta = r.expectation_config.meta or {}
+            name = meta.get("check", r.expectation_config.type)
+            error = _error(r.exception_info)
+            count = r.result.get("unexpected_count")
+            sample = r.result.get("partial_unexpected_index_list") or r.result.get("partial_unexpected_list") or []
+            if name in ran.named and not r.success and error is None:
+                count, sample = ran.named[name](ran.frame)
+            results.append(CheckResult(
+                name=name, expectation=r.expectation_config.type, success=bool(r.success),
+                description=meta.get("description", "").format(**ran.params), unexpected_count=count,
+                sample=_plain(sample), error=error, observed=_plain(r.result.get("observed_value"))))
+    return CheckReport(subject, rows, tuple(results), tuple(ran.run.page for ran in runs if ran.run.page))
+
+
+def _element_count(ran: _Ran) -> int:
+    return max((r.result.get("element_count") or 0 for r in ran.run.results), default=0)
 
 
 def _error(info: dict) -> str | None:
@@ -372,19 +485,15 @@ def _plain(value):
 
 
 @lru_cache(maxsize=None)
-def _batch_definition(kind: str):
-    """One whole-dataframe batch definition per data source kind, in one ephemeral GX context."""
-    context = _context()
-    source = context.data_sources.add_spark(kind) if kind == "spark" else context.data_sources.add_pandas(kind)
-    return source.add_dataframe_asset("batch").add_batch_definition_whole_dataframe("whole")
+def scratch_context():
+    """A GX context for checks run outside a source (tests, a notebook): source ``scratch`` in a temporary
+    folder, removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
 
+    from .gx_context import Context
 
-@lru_cache(maxsize=None)
-def _context():
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    context.enable_analytics(False)
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    return context
+    root = tempfile.mkdtemp(prefix="reclock-gx-")
+    atexit.register(shutil.rmtree, root, True)
+    return Context(root, "scratch")

@@ -8,6 +8,7 @@ Every function returns a small JSON-able dict (Airflow puts it in XCom).
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -498,37 +499,55 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
     """Great Expectations checks on remap and the staged batch (and its dead letters, reported: a source with
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
-    A source whose records are diffs (Postgres, CDC v2) also has its consolidated history checked
+    Each kind of check runs through its checkpoint in the source's GX context (:mod:`reclock.gx_context`), which
+    keeps the results and rebuilds the Data Docs; the staged batch is checked by Spark aggregates, never
+    collected (:mod:`reclock.checks`), so Spark is opened only when a batch is pending.  A source whose records
+    are diffs (Postgres, CDC v2) also has its consolidated history checked
     (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
     too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
     """
     from . import check_log
-    from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked, check_remap
+    from .checks import check_remap
+    from .gx_context import open_context
 
-    diffs = not load_config(config_path).source(name).offsets_unique
-    with open_source(name, config_path, connect=False, spark=(spark or True) if diffs else None) as ctx:
+    with open_source(name, config_path, connect=False) as ctx:
+        gx = open_context(ctx.tables.uri, name)
         remap = ctx.tables.read_remap()
         results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since,
-                                        upstreams=ctx.tables.recorded_upstreams())}
+                                        upstreams=ctx.tables.recorded_upstreams(), gx=gx)}
         window = pending(remap, ctx.tables)
-        if window is not None:
-            batch = ctx.tables.read_staged(window[1])
-            results["reclocked"] = check_reclocked(batch, remap, window[0], offsets_unique=ctx.config.offsets_unique)
-            if (dead_letters := ctx.tables.staged_dead_letters(window[1])) is not None:
-                results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, window[0])
-            if diffs:
-                label = getattr(ctx.source, "spark_offset_label", None)
-                published, staged = ctx.tables.read_reclocked_spark(), ctx.tables.read_staged_spark(window[1])
-                results["history"] = check_consolidated(
-                    published, staged, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
-                    label() if label else None)
-                if hasattr(ctx.source, "primary_keys"):
-                    keys = (ctx.tables.staged_metadata(window[1]) or {}).get("primary_keys")
-                    results["primary_key"] = check_primary_keys(published, staged, keys, label() if label else None)
-        check_log.record(ctx.tables, name, results, window, remap.upper)  # durable before raising
-        for report in results.values():
-            report.raise_for_failure()
-        return {k: v.summary() for k, v in results.items()}
+    if window is not None:
+        with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
+            results.update(_check_batch(ctx, remap, window, gx))
+    check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
+    log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
+             "passed" if all(r.success for r in results.values()) else "FAILED",
+             ", ".join(os.path.join(gx.docs_dir, page) for r in results.values() for page in r.docs)
+             or gx.docs_index)
+    for report in results.values():
+        report.raise_for_failure()
+    return {k: v.summary() for k, v in results.items()}
+
+
+def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
+    """The checks of the staged batch of ``window`` (Spark DataFrames of the staged Parquet files)."""
+    from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked
+
+    start, upto = window
+    batch = ctx.tables.read_staged_spark(upto)
+    results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx)}
+    if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
+        results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
+    if not ctx.config.offsets_unique:  # records are diffs
+        label = getattr(ctx.source, "spark_offset_label", None)
+        published = ctx.tables.read_reclocked_spark()
+        results["history"] = check_consolidated(
+            published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
+            label() if label else None, gx=gx)
+        if hasattr(ctx.source, "primary_keys"):
+            keys = (ctx.tables.staged_metadata(upto) or {}).get("primary_keys")
+            results["primary_key"] = check_primary_keys(published, batch, keys, label() if label else None, gx=gx)
+    return results
 
 
 def publish(name: str, config_path: str | None = None, spark=None) -> dict:

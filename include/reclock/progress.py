@@ -201,3 +201,18 @@ def _describe(e: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(e).split()) or repr(e)
     return f"{type(e).__name__}: {text}"
+
+
+def data_docs_file(source: str, page: str, config_path: str | None = None) -> str | None:
+    """The file of ``page`` in configured ``source``'s Great Expectations Data Docs site (None when there is no such
+    source or file, or ``page`` leaves the site)."""
+    import os
+
+    from .gx_context import DOCS, root_of
+
+    config = load_config(config_path)
+    if source not in config.sources:
+        return None
+    site = os.path.realpath(os.path.join(root_of(Warehouse(config.warehouse).source_uri(source), source), DOCS))
+    path = os.path.realpath(os.path.join(site, page or "index.html"))
+    return path if path.startswith(site + os.sep) and os.path.isfile(path) else None

@@ -3,7 +3,8 @@
 Nothing here reads storage, the clock or the network, so every function is testable
 with fabricated data.  The page is self-contained (inline CSS, inline SVG, no script,
 no external asset) and every name that comes from the config, the upstream or a check
-report is escaped.
+report is escaped.  The last check links to its Great Expectations Data Docs pages (which the Airflow plugin
+serves at ``gx/<source>/...`` beside the page).
 
 The chart of a source plots each partition's upper (offset, byte offset or LSN) against
 IntoTime: ``Remap.progress()`` rows ``(into_time, partition, offset)``, drawn as a step
@@ -15,6 +16,7 @@ import math
 from datetime import datetime, timezone
 from html import escape
 from typing import Any, Hashable, Iterable, Mapping, Sequence
+from urllib.parse import quote
 
 from .engine.frontier import partition_sort_key
 
@@ -25,6 +27,8 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 84, 40, 14, 42
 MAX_PARTITIONS = 12
 MAX_POINTS = 400
 REPORT_ORDER = ["remap", "reclocked", "dead_letter"]
+#: Where the plugin serves each source's Great Expectations Data Docs, relative to the page.
+DOCS_HREF = "gx"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#7f7f7f", "#bcbd22", "#393b79", "#ad494a")
 _TIME_STEPS = [s * 1000 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
@@ -259,8 +263,16 @@ def check_badge(record: Mapping | None) -> str:
             else '<span class="badge fail">checks failed</span>')
 
 
+def docs_link(record: Mapping, page: str, text: str, docs_href: str = DOCS_HREF) -> str:
+    """A link to ``page`` of the record's source's Great Expectations Data Docs (served by the plugin at
+    ``<docs_href>/<source>/<page>``, relative to the progress page)."""
+    href = f'{docs_href}/{quote(str(record.get("source", "")), safe="")}/{quote(page)}'
+    return f'<a class="data-docs" href="{h(href)}">{h(text)}</a>'
+
+
 def render_checks(record: Mapping | None, error: str | None = None, now: int | None = None) -> str:
-    """The last check run: pass/fail, when, which window, and every check with its outcome."""
+    """The last check run: pass/fail, when, which window, and every check with its outcome; links to the run's
+    Great Expectations Data Docs pages when it has them."""
     out = ['<div class="checks"><h3>Last check</h3>']
     if error:
         out.append(error_box(error, "check-log"))
@@ -278,8 +290,9 @@ def render_checks(record: Mapping | None, error: str | None = None, now: int | N
         batch = f"; batch of IntoTimes up to {h(fmt_time(window[1]))}"
     else:
         batch = f"; batch of IntoTimes {h(fmt_time(window[0]))} … {h(fmt_time(window[1]))}"
+    docs = f" · {docs_link(record, 'index.html', 'Data Docs')}" if record.get("data_docs") else ""
     out.append(f'<p class="verdict {verdict.lower()}"><strong class="check-result">{verdict}</strong> at '
-               f'<span class="checked-at">{h(fmt_time(at))}</span>{age}{batch}</p>')
+               f'<span class="checked-at">{h(fmt_time(at))}</span>{age}{batch}{docs}</p>')
     reports = record.get("reports") or {}
     for kind in sorted(reports, key=lambda k: (REPORT_ORDER.index(k) if k in REPORT_ORDER else len(REPORT_ORDER), k)):
         report = reports[kind]
@@ -287,7 +300,9 @@ def render_checks(record: Mapping | None, error: str | None = None, now: int | N
         outcome = "passed" if ok else "failed: " + h(", ".join(report.get("failed") or []))
         out.append(f'<div class="report {"pass" if ok else "fail"}" data-report="{h(kind)}">'
                    f'<p class="summary"><strong>{h(kind)}</strong>: {h(report.get("subject", ""))}, '
-                   f'{h(report.get("rows", "?"))} rows, {outcome}</p>')
+                   f'{h(report.get("rows", "?"))} rows, {outcome}'
+                   + "".join(f" · {docs_link(record, page, 'result')}" for page in report.get("docs") or ())
+                   + "</p>")
         results = report.get("results")
         if results:
             out.append('<table class="results"><thead><tr><th>check</th><th>result</th><th>law</th>'

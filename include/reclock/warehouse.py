@@ -656,6 +656,16 @@ class SourceTables:
         return pads.dataset([i.path for i in files], schema=self.schemas["dead_letter"], filesystem=fs,
                             format="parquet").to_table().to_pandas()
 
+    def read_staged_dead_letters_spark(self, upto: int, spark=None):
+        """The dead letters of the latest complete staged attempt for ``upto`` as a Spark DataFrame (read with
+        ``spark``, default the tables' session); None when it has none staged (``on_bad_record: fail``)."""
+        fs = self._fs()
+        _, attempt = self._attempts(fs, upto)
+        if self._staged_dead_letter_files(fs, attempt) is None:
+            return None
+        return ((spark or self.spark).read.schema(self.spark_schema("dead_letter"))
+                .parquet(self._spark_path(f"{attempt}/{STAGED_DEAD_LETTERS}")))
+
     def staged_metadata(self, upto: int) -> dict | None:
         """The ``metadata`` staged with the latest complete attempt for ``upto`` (:meth:`stage`); None when it has
         none."""

@@ -1,0 +1,199 @@
+"""reclock's Great Expectations Data Context: suites in the repository, stores and Data Docs per source.
+
+The project (``include/gx/``) holds ``great_expectations.yml`` and one suite per check kind
+(``expectations/<kind>.json``: remap, reclocked, reclocked_keys, dead_letter, history, primary_key), whose
+run-time values (the pending window's bounds) are GX suite parameters (``{"$PARAMETER": "remap_upper"}``) given
+with each run.  The repository is never written by a run: each source has its own runtime context root::
+
+    root(source) = <warehouse>/<source>/gx          a local warehouse (beside the source's tables)
+                 = $RECLOCK_GX_HOME/<source>        otherwise (default <tmp>/reclock-gx/<source>: GX's
+                                                    stores are local files)
+
+which :func:`open_context` makes a GX *file* Data Context: ``great_expectations.yml`` copied once from the
+project, the suites copied from it on every run (the repository stays their source of truth), and per check
+kind a validation definition and a checkpoint named ``<source>.<kind>`` (created idempotently) on a whole
+dataframe batch (pandas for small frames, Spark for the consolidated histories).  A run stores its validation
+result in GX's validation results store (``uncommitted/validations/``) and its checkpoint's
+``UpdateDataDocsAction`` rebuilds the Data Docs site (``uncommitted/data_docs/local_site/index.html``).  The
+stores keep the last :data:`KEEP_RUNS` results per suite (older ones, and their pages, are removed).
+
+A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  GX writes
+its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
+is made again from the project (the results and Data Docs are only GX's record; reclock's is
+:mod:`reclock.check_log`).
+GX takes seconds to import: only the check step imports this module.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+PROJECT = Path(__file__).resolve().parents[1] / "gx"  # include/gx: the suites and the context's template
+CONFIG = "great_expectations.yml"
+SUITES = "expectations"
+SITE = "local_site"
+DOCS = f"uncommitted/data_docs/{SITE}"
+VALIDATIONS = "uncommitted/validations"
+KEEP_RUNS = 50  # validation results (and their Data Docs pages) kept per suite
+DATASOURCES = {"pandas": "reclock_pandas", "spark": "reclock_spark"}
+
+log = logging.getLogger("reclock")
+
+
+def root_of(source_uri: str, source: str) -> str:
+    """The runtime context root of ``source`` whose tables live at ``source_uri`` (module docstring)."""
+    if "://" not in source_uri or source_uri.startswith("file://"):
+        return os.path.join(source_uri.removeprefix("file://"), "gx")
+    home = os.environ.get("RECLOCK_GX_HOME") or os.path.join(tempfile.gettempdir(), "reclock-gx")
+    return os.path.join(home, source)
+
+
+def suite_names() -> list[str]:
+    return sorted(p.stem for p in (PROJECT / SUITES).glob("*.json"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One checkpoint run: the validation result's expectations, and its Data Docs page (a path under the site)."""
+
+    success: bool
+    results: list  # GX ExpectationValidationResult, in the suite's order
+    page: str | None  # relative to the Data Docs site root, e.g. validations/reclocked/.../x.html
+
+
+class Context:
+    """The GX file Data Context of one source (see the module docstring)."""
+
+    def __init__(self, root: str, source: str):
+        import great_expectations as gx
+
+        self.root, self.source = os.path.abspath(root), source
+        _install(self.root)
+        try:
+            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+        except Exception as e:  # noqa: BLE001 - e.g. a config half written by a killed run
+            log.warning("%s: GX context %s unreadable (%s); its config is made again from the project", source,
+                        self.root, e)
+            shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
+            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+        self._checkpoints: dict[str, Any] = {}
+
+    @property
+    def docs_dir(self) -> str:
+        """The Data Docs site's folder (``index.html`` is the site's home page)."""
+        return os.path.join(self.root, DOCS)
+
+    @property
+    def docs_index(self) -> str:
+        return os.path.join(self.docs_dir, "index.html")
+
+    def checkpoint(self, kind: str, engine: str, index: Sequence[str]):
+        """The checkpoint ``<source>.<kind>``: its suite ``kind`` on a whole-dataframe batch of ``engine``
+        (pandas or spark), reporting failures by the ``index`` columns; created or brought up to date."""
+        if kind in self._checkpoints:
+            return self._checkpoints[kind]
+        try:
+            checkpoint = self._checkpoint(kind, engine, index)
+        except Exception as e:  # noqa: BLE001 - e.g. a definition half written by a killed run: made again
+            log.warning("%s: GX checkpoint %s.%s unreadable (%s); made again", self.source, self.source, kind, e)
+            for store in ("checkpoints", "validation_definitions"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.root, store, f"{self.source}.{kind}.json"))
+            checkpoint = self._checkpoint(kind, engine, index)
+        self._checkpoints[kind] = checkpoint
+        return checkpoint
+
+    def _checkpoint(self, kind: str, engine: str, index: Sequence[str]):
+        import great_expectations as gx
+
+        name = f"{self.source}.{kind}"
+        suite = self.gx.suites.get(kind)
+        batch = _batch_definition(self.gx, engine, kind)
+        definition = self.gx.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5,
+                         "unexpected_index_column_names": list(index)}
+        checkpoint = self.gx.checkpoints.add_or_update(gx.Checkpoint(
+            name=name, validation_definitions=[definition], result_format=result_format,
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[SITE])]))
+        return checkpoint
+
+    def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
+        """Validate ``frame`` (pandas, or Spark for history/primary_key) against suite ``kind`` with ``params``."""
+        import pandas as pd
+
+        engine = "pandas" if isinstance(frame, pd.DataFrame) else "spark"
+        _prune(self.root, kind, KEEP_RUNS - 1)  # before the run: the index it builds lists what is kept
+        result = self.checkpoint(kind, engine, index).run(batch_parameters={"dataframe": frame},
+                                                          expectation_parameters=dict(params))
+        (identifier, validation), = result.run_results.items()
+        order = {e.meta.get("check"): i for i, e in enumerate(self.gx.suites.get(kind).expectations)}
+        results = sorted(validation.results, key=lambda r: order.get((r.expectation_config.meta or {}).get("check"), 0))
+        return Run(bool(validation.success), results, self._page(identifier))
+
+    def _page(self, identifier) -> str | None:
+        for site in self.gx.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE]):
+            url = site.get("site_url") or ""
+            path = url.removeprefix("file://")
+            if path.startswith(self.docs_dir):
+                return os.path.relpath(path, self.docs_dir)
+        return None
+
+
+def open_context(source_uri: str, source: str) -> Context:
+    """The GX context of ``source`` (whose tables are at ``source_uri``), one per process and source."""
+    return _open(root_of(source_uri, source), source)
+
+
+@lru_cache(maxsize=None)
+def _open(root: str, source: str) -> Context:
+    return Context(root, source)
+
+
+def _install(root: str) -> None:
+    """Make ``root`` a context from the project: its config once (GX adds the data sources to it), the suites
+    every time (changed in the repository, changed here)."""
+    os.makedirs(os.path.join(root, SUITES), exist_ok=True)
+    if not os.path.exists(os.path.join(root, CONFIG)):
+        shutil.copyfile(PROJECT / CONFIG, os.path.join(root, CONFIG))
+    for suite in (PROJECT / SUITES).glob("*.json"):
+        target = os.path.join(root, SUITES, suite.name)
+        if not os.path.exists(target) or Path(target).read_bytes() != suite.read_bytes():
+            shutil.copyfile(suite, target + ".tmp")
+            os.replace(target + ".tmp", target)
+
+
+def _batch_definition(context, engine: str, kind: str):
+    """The whole-dataframe batch definition of asset ``kind`` in the context's ``engine`` data source."""
+    name = DATASOURCES[engine]
+    try:
+        source = context.data_sources.get(name)
+    except KeyError:
+        source = context.data_sources.add_spark(name) if engine == "spark" else context.data_sources.add_pandas(name)
+    try:
+        asset = source.get_asset(kind)
+    except LookupError:
+        asset = source.add_dataframe_asset(kind)
+    try:
+        return asset.get_batch_definition("whole")
+    except KeyError:
+        return asset.add_batch_definition_whole_dataframe("whole")
+
+
+def _prune(root: str, suite: str, keep: int) -> None:
+    """Keep the last ``keep`` validation results of ``suite`` (and their Data Docs pages)."""
+    for base in (os.path.join(root, VALIDATIONS, suite, "__none__"),
+                 os.path.join(root, DOCS, "validations", suite, "__none__")):
+        try:
+            runs = sorted(os.listdir(base))  # run names are UTC timestamps: sorted by time
+        except FileNotFoundError:
+            continue
+        for old in runs[:len(runs) - keep]:
+            shutil.rmtree(os.path.join(base, old), ignore_errors=True)
