@@ -351,3 +351,29 @@ def test_a_loaded_config_pickles(tmp_path):
     again = pickle.loads(pickle.dumps(config))
     assert again == config and type(again.source("orders")) is type(config.source("orders"))
     assert again.source("orders").offsets_unique and again.source("orders").options == config.source("orders").options
+
+
+@pytest.mark.parametrize("kind, connection, options, problem", [
+    ("kafka", "reclock_kafka", {"topic": "t", "group_id": "g"}, None),
+    ("postgres", "reclock_pg", {"slot": "s", "tables": ["public.items"]}, None),
+    ("kafka", "reclock_kafka", {"topic": "t", "group_id": "g", "bootstrap_servers": "b:9092"},
+     r"\(orders\)\.options: bootstrap_servers and connection 'reclock_kafka' are given together: the connection "
+     r"gives bootstrap_servers; say one or the other$"),
+    ("postgres", "reclock_pg", {"dsn": "host=/tmp", "slot": "s"}, r"\(orders\)\.options: dsn and connection"),
+    ("kafka", "reclock_kafka", {"topic": "t"}, r"\(orders\)\.options: missing required option\(s\) for kind kafka: "
+                                               r"group_id$"),
+    ("kafka", "", {"topic": "t", "group_id": "g"},
+     r"\(orders\)\.connection: must be a non-empty string \(an Airflow connection id\), got ''$"),
+    ("files", "logs", {"url": "/data"}, r"\(orders\)\.connection: only kinds with an Airflow connection type take "
+                                        r"a connection \(kafka, postgres\), got 'logs'$"),
+])
+def test_a_connection_id_instead_of_the_address(tmp_path, kind, connection, options, problem):
+    """An Airflow connection id names the upstream (resolved when a step runs, reclock.connections), instead of,
+    not together with, the options it gives; loading the file reads no connection."""
+    path = write(tmp_path, variant(kind=kind, connection=connection, options=options))
+    if problem is None:
+        source = load_config(path).source("orders")
+        assert source.connection == connection and source.options == options
+    else:
+        with pytest.raises(ConfigError, match=problem):
+            load_config(path)

@@ -39,6 +39,9 @@ What is checked, besides the keys each mapping may have:
   fails naming source, partition and offset) or ``dead_letter`` (the record goes to the source's
   dead-letter table and staging goes on), which the kind must support (:func:`reclock.sources.dead_letter_problem`).
 * names match ``[a-z][a-z0-9_]*`` and are unique; a ``transactions`` entry names two configured Kafka sources.
+* ``connection``: an Airflow connection id, for a kind with a ``connection_type`` (kafka, postgres), instead
+  of (not together with) the options it gives (``bootstrap_servers``, ``dsn``); :mod:`reclock.connections`
+  reads it when a step runs, loading the file does not.
 """
 from __future__ import annotations
 
@@ -53,8 +56,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema,
-                      WrapValidator, create_model, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      WithJsonSchema, WrapValidator, create_model, model_validator)
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from .sources import ON_BAD_RECORD, SourceError, SourceKind, dead_letter_problem, source_kind, source_kinds, source_options
@@ -201,8 +205,13 @@ class SourceConfig(_Model):
                             _says("must be true or false")] = False
     #: What staging does with a record it cannot decode: ``fail`` or ``dead_letter`` (:data:`ON_BAD_RECORD`).
     on_bad_record: Annotated[Literal[ON_BAD_RECORD], _says(f"must be one of {', '.join(ON_BAD_RECORD)}")] = "fail"
-    #: The kind's constructor keyword arguments, as given (validated by the kind's options model).
+    #: The kind's constructor keyword arguments, as given (validated by the kind's options model); without the
+    #: ones a ``connection`` gives (:func:`reclock.connections.resolved_options` adds them when a step runs).
     options: dict[str, Any] = {}
+    #: An Airflow connection id instead of the address options (kinds with a ``connection_type``).
+    connection: SkipJsonSchema[Annotated[None, _says("only kinds with an Airflow connection type take a connection ("
+                                                     + ", ".join(k for k in source_kinds()
+                                                                 if source_kind(k).connection_type) + ")")]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -233,7 +242,7 @@ class SourceConfig(_Model):
 
 
 def _restore_source(kind: str, fields: dict) -> SourceConfig:
-    return _source_model(source_kind(kind)).model_construct(**fields)
+    return _source_model(source_kind(kind), fields.get("connection") is not None).model_construct(**fields)
 
 
 class TransactionsConfig(_Model):
@@ -364,12 +373,15 @@ def _json_default(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _options_model(kind: SourceKind) -> type[BaseModel]:
+def _options_model(kind: SourceKind, connection: bool = False) -> type[BaseModel]:
     """The options of ``kind``: its constructor's parameters, typed by their annotations; ``required_options``
-    must be given and non-empty.  A kind taking ``**kwargs`` takes any option."""
+    must be given and non-empty.  A kind taking ``**kwargs`` takes any option.  With a ``connection``, the
+    options it gives (``connection_options``) are not the file's."""
     params = source_options(kind.name)
     fields: dict[str, Any] = {}
     for name, p in (params or {}).items():
+        if connection and name in kind.connection_options:
+            continue
         text = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
         tp = _annotation_type(p.annotation)
         metadata: list[Any] = [] if tp is Any else [_says(f"must be {text}")]
@@ -383,10 +395,12 @@ def _options_model(kind: SourceKind) -> type[BaseModel]:
             default = None if p.default is p.empty else _json_default(p.default)
             fields[name] = (Annotated[(tp, *metadata)] if metadata else tp, Field(default, json_schema_extra=extra))
     for name in kind.required_options:
-        fields.setdefault(name, (Annotated[Any, BeforeValidator(_required)], ...))
-    model = create_model(f"{_camel(kind.name)}Options", __config__=ConfigDict(
+        if not (connection and name in kind.connection_options):
+            fields.setdefault(name, (Annotated[Any, BeforeValidator(_required)], ...))
+    suffix = "ConnectionOptions" if connection else "Options"
+    model = create_model(f"{_camel(kind.name)}{suffix}", __config__=ConfigDict(
         extra="forbid" if params is not None else "allow", strict=True, frozen=True,
-        title=f"options of kind {kind.name}"), **fields)
+        title=f"options of kind {kind.name}" + (" with a connection" if connection else "")), **fields)
     return model
 
 
@@ -401,21 +415,45 @@ def _as_given(value, handler):
 
 
 @lru_cache(maxsize=64)
-def _source_model(kind: SourceKind) -> type[SourceConfig]:
+def _source_model(kind: SourceKind, connection: bool = False) -> type[SourceConfig]:
+    """The entry of ``kind``; with ``connection``, the entry naming an Airflow connection instead of the
+    connection's options (:data:`reclock.sources.SourceKind.connection_options`)."""
     try:
-        options: Any = Annotated[_options_model(kind), WrapValidator(_as_given), _none_as({})]
+        options: Any = Annotated[_options_model(kind, connection), WrapValidator(_as_given), _none_as({})]
     except SourceError as e:
         problem = f"cannot read the options of kind {kind.name}: {e}"
         options = Annotated[dict[str, Any], BeforeValidator(lambda v: (_ for _ in ()).throw(_problems(((), problem))))]
-    return create_model(f"{_camel(kind.name)}Source", __base__=SourceConfig,
+    fields: dict[str, Any] = {}
+    if connection:
+        fields["connection"] = (Annotated[str, Field(pattern=r"\S", description=(
+            f"an Airflow connection id of type {kind.connection_type}, instead of "
+            f"{', '.join(kind.connection_options)}")), _says("must be a non-empty string (an Airflow connection id)")],
+            ...)
+    return create_model(f"{_camel(kind.name)}{'Connection' if connection else ''}Source", __base__=SourceConfig,
                         kind=(Literal[kind.name], ...),
-                        options=(options, Field(default_factory=dict, validate_default=True)))
+                        options=(options, Field(default_factory=dict, validate_default=True)), **fields)
+
+
+def _tag(entry: Any) -> str | None:
+    """The entry's model: its kind, ``<kind>+connection`` when it names a connection and its kind takes one."""
+    if isinstance(entry, SourceConfig):
+        kind, connection = entry.kind, entry.connection
+    elif isinstance(entry, dict):
+        kind, connection = entry.get("kind"), entry.get("connection")
+    else:
+        return None
+    registered = source_kind(kind)
+    if registered is not None and registered.connection_type and connection is not None:
+        return f"{kind}+connection"
+    return None if kind is None else str(kind)
 
 
 @lru_cache(maxsize=8)
 def _file_model(kinds: tuple[SourceKind, ...]) -> type[SourcesFile]:
-    entries = [_source_model(kind) for kind in kinds]
-    entry = Annotated[Union[tuple(entries)], Field(discriminator="kind")]
+    entries = [Annotated[_source_model(kind, False), Tag(kind.name)] for kind in kinds]
+    entries += [Annotated[_source_model(kind, True), Tag(f"{kind.name}+connection")] for kind in kinds
+                if kind.connection_type]
+    entry = Annotated[Union[tuple(entries)], Discriminator(_tag)]
     return create_model("SourcesFile", __base__=SourcesFile,
                         sources=(Annotated[list[entry], Field(min_length=1),
                                            _says("must be a non-empty list of sources", whole=False)], ...))
@@ -520,7 +558,7 @@ def _walk(loc: tuple, raw: Any) -> tuple[tuple, tuple]:
         elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
             positions.append(key)
             node = node[key]
-        elif isinstance(node, dict) and key == node.get("kind") and not keys[-1:] == ["options"]:
+        elif isinstance(node, dict) and isinstance(key, str) and key == _tag(node) and keys[-1:] != ["options"]:
             continue  # the discriminator's tag: sources[i].<kind>.field
         elif (node is _ABSENT or node is None or isinstance(node, dict)) and isinstance(key, str):
             positions.append(len(node) if isinstance(node, dict) else 0)
@@ -574,7 +612,7 @@ def _explain(error: ValidationError, raw: dict) -> list[tuple[tuple, str, str]]:
                 plain.append(_walk(tuple(err["loc"]) + tuple(at), raw) + (message,))
         elif kind in ("missing", "extra_forbidden") and keys:
             (missing if kind == "missing" else unknown).setdefault(keys[:-1], []).append((str(keys[-1]), positions))
-        elif kind in ("union_tag_invalid", "union_tag_not_found") and isinstance(value, dict):
+        elif kind in ("union_tag_invalid", "union_tag_not_found", "union_tag_invalid_callable") and isinstance(value, dict):
             plain.append(_walk(tuple(err["loc"]) + ("kind",), raw)
                          + (f"unknown kind {value.get('kind')!r} (known: {', '.join(source_kinds())})",))
         elif kind in ("dict_type", "model_type", "model_attributes_type", "union_tag_not_found"):
@@ -586,7 +624,7 @@ def _explain(error: ValidationError, raw: dict) -> list[tuple[tuple, str, str]]:
     for parent, names in missing.items():
         plain.append((parent, names[0][1][:-1], _missing(parent, [n for n, _ in names], raw)))
     for parent, names in unknown.items():
-        plain.append((parent, names[0][1][:-1], _unknown(parent, [n for n, _ in names], raw)))
+        plain += [(parent, names[0][1][:-1], line) for line in _unknown(parent, [n for n, _ in names], raw)]
     bad_names = {keys[:2] for keys, _, _ in plain if len(keys) == 3 and keys[2] == "name"}
     return [(positions, _where(keys, raw), message) for keys, positions, message in plain
             if not (keys[:2] in bad_names and keys[2:] != ("name",))]
@@ -599,14 +637,22 @@ def _missing(parent: tuple, names: list[str], raw: dict) -> str:
     return f"missing required key(s) {', '.join(names)}"
 
 
-def _unknown(parent: tuple, names: list[str], raw: dict) -> str:
+def _unknown(parent: tuple, names: list[str], raw: dict) -> list[str]:
     if parent[-1:] == ("options",) and (kind := source_kind(_get(raw, parent[:2] + ("kind",)))):
-        allowed = list(source_options(kind.name) or ())
-        suggested = ", ".join(_suggest(n, allowed) for n in names)
-        return f"unknown option(s) for kind {kind.name}: {suggested} (allowed: {', '.join(allowed)})"
+        lines = []
+        if (connection := _get(raw, parent[:2] + ("connection",))) is not None:
+            if given := [n for n in names if n in kind.connection_options]:
+                lines.append(f"{', '.join(given)} and connection {connection!r} are given together: the connection "
+                             f"gives {', '.join(kind.connection_options)}; say one or the other")
+            names = [n for n in names if n not in kind.connection_options]
+        allowed = [o for o in source_options(kind.name) or () if connection is None or o not in kind.connection_options]
+        if names:
+            suggested = ", ".join(_suggest(n, allowed) for n in names)
+            lines.append(f"unknown option(s) for kind {kind.name}: {suggested} (allowed: {', '.join(allowed)})")
+        return lines
     model = {(): SourcesFile, ("spark",): SparkSettings}.get(parent) or (
         SourceConfig if parent[:1] == ("sources",) else TransactionsConfig)
-    return f"unknown key(s) {', '.join(sorted(names))} (allowed: {', '.join(sorted(model.model_fields))})"
+    return [f"unknown key(s) {', '.join(sorted(names))} (allowed: {', '.join(sorted(model.model_fields))})"]
 
 
 def _suggest(option: str, known) -> str:
