@@ -73,15 +73,28 @@ class ReclockSparkSubmitOperator(SparkSubmitOperator):
     """spark-submit through the connection ``reclock_spark``, defined from the config's Spark master when the task
     runs (:func:`define_spark_connection`), not when the DAG file is parsed."""
 
-    def __init__(self, *, master: str, **kwargs) -> None:
+    def __init__(self, *, master: str, reclock_source: tuple[str, str] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.reclock_master = master
+        self.reclock_source = reclock_source  # (config path, source name)
 
     def define_connection(self) -> None:
         define_spark_connection(self.reclock_master)
 
+    def pass_upstream_connection(self) -> None:
+        """The source's Airflow connection, read here in the task, reaches the spark-submit as Airflow's
+        ``AIRFLOW_CONN_<ID>`` variable (the job resolves it through the same Connection API)."""
+        if self.reclock_source:
+            from reclock.config import load_config
+            from reclock.connections import environment
+
+            path, name = self.reclock_source
+            if env := environment(load_config(path).source(name)):
+                self.env_vars = {**(self.env_vars or {}), **env}
+
     def execute(self, context):
         self.define_connection()
+        self.pass_upstream_connection()
         return super().execute(context)
 
 
@@ -96,6 +109,7 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     same_python = config.spark_master.startswith(("local", "spark://"))
     return {
         "master": config.spark_master,
+        "reclock_source": (str(config.path), source.name),
         "application": str(SPARK_JOB),
         "application_args": ["--config", str(config.path), "--source", source.name],
         "conn_id": SPARK_CONN_ID,
@@ -156,6 +170,7 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 f"Reclocks `{name}` onto IntoTime and publishes the Delta tables `{name}/remap` and "
                 f"`{name}/reclocked` under `{config.warehouse}`.\n\n"
                 f"* options: `{json.dumps(shown_options(source.options), sort_keys=True)}`\n"
+                f"{f'* Airflow connection: `{source.connection}`' + chr(10) if source.connection else ''}"
                 f"* schedule: `{source.schedule}`, IntoTime retention: {source.retention_ms} ms\n"
                 f"* Spark master: `{config.spark_master}`, config: `{config_path}`\n\n"
                 "tick (bind the source frontier) >> reclock (Spark stages the new records) >> check "

@@ -56,3 +56,32 @@ def migrate(home: Path, env: dict[str, str]) -> Path:
     run([AIRFLOW, "pools", "set", SPARK_POOL, str(SPARK_POOL_SLOTS), "reclock: tasks that start Spark"], env,
         timeout=120)
     return home / "airflow.db"
+
+
+# --- Airflow connections of the upstreams (reclock.connections resolves them when a step runs) ----------------
+
+def kafka_connection(conn_id: str, bootstrap: str, **client: str) -> dict[str, str]:
+    """``{AIRFLOW_CONN_<ID>: ...}``: a connection of the Kafka provider's type ``kafka``, whose extra is the
+    librdkafka client config (``bootstrap.servers`` and ``client`` properties)."""
+    import json
+
+    from reclock.connections import env_var
+
+    return {env_var(conn_id): json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap, **client}})}
+
+
+def postgres_connection(conn_id: str, dsn: str, password: str | None = None) -> dict[str, str]:
+    """``{AIRFLOW_CONN_<ID>: ...}``: a connection of the Postgres provider's type ``postgres`` for a libpq ``dsn``
+    (host, port, user, dbname; the other parameters go to the extra), with ``password`` if given."""
+    import json
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from reclock.connections import env_var
+
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    port = params.pop("port", None)
+    fields = {"conn_type": "postgres", "host": params.pop("host", None), "port": int(port) if port else None,
+              "login": params.pop("user", None), "password": password or params.pop("password", None),
+              "schema": params.pop("dbname", None), "extra": params}
+    return {env_var(conn_id): json.dumps({k: v for k, v in fields.items() if v not in (None, {})})}

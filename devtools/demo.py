@@ -11,6 +11,9 @@ Five sources with five gauges of progress, each with its own Airflow DAG
 * ``taps``: a Kinesis stream of 2 shards, ``(shard, sequence number)`` (kinesis-local, a
   Kinesis-compatible server); the first round splits shard 0 after putting into it.
 
+The sources file names the Kafka broker and the Postgres database by Airflow connection
+(``reclock_kafka``, ``reclock_postgres``), defined as ``AIRFLOW_CONN_*`` variables.
+
 Each round changes every source, ticks all five IntoTime clocks at one moment and runs
 the five DAGs.  At the end it joins all five AS OF each round's tick: the answer for a
 past IntoTime stays the same however much arrives later.  Everything lives under
@@ -19,6 +22,7 @@ past IntoTime stays the same however much arrives later.  Everything lives under
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import time
@@ -28,7 +32,8 @@ from pathlib import Path
 import yaml
 
 from reclock import pipeline
-from devtools.airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, run
+from devtools.airflow_home import (AIRFLOW, PYTHON, REPO, airflow_env, kafka_connection, migrate, postgres_connection,
+                                   run)
 from devtools.kafka_broker import LocalBroker, create_topic, produce
 from devtools.kinesis_server import KinesisServer, create_stream, open_shards, put, split
 from devtools.pg_cluster import PgCluster
@@ -55,17 +60,26 @@ def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_config(path: Path, bootstrap: str, logs: Path, dsn: str, kinesis: dict) -> None:
-    kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000,
-              "options": {"bootstrap_servers": bootstrap, "topic": name, "group_id": f"reclock-{name}"}}
+KAFKA_CONN, PG_CONN = "reclock_kafka", "reclock_postgres"  # the Airflow connections of the demo's upstreams
+
+
+def connections(bootstrap: str, dsn: str) -> dict[str, str]:
+    """The demo's Airflow connections, as Airflow's ``AIRFLOW_CONN_<ID>`` variables: the sources file names
+    them (``connection:``) instead of holding the broker's address and the database's DSN."""
+    return {**kafka_connection(KAFKA_CONN, bootstrap), **postgres_connection(PG_CONN, dsn)}
+
+
+def write_config(path: Path, logs: Path, kinesis: dict) -> None:
+    kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000, "connection": KAFKA_CONN,
+              "options": {"topic": name, "group_id": f"reclock-{name}"}}
              for name in TOPICS]
     path.write_text(yaml.safe_dump({
         "warehouse": str(path.parent / "warehouse"),
         "spark": {"master": "local[2]"},
         "sources": kafka + [
             {"name": "weblogs", "kind": "files", "retention_ms": 3_600_000, "options": {"url": str(logs)}},
-            {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000,
-             "options": {"dsn": dsn, "slot": "reclock_payments", "tables": ["public.payments"]}},
+            {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000, "connection": PG_CONN,
+             "options": {"slot": "reclock_payments", "tables": ["public.payments"]}},
             {"name": "taps", "kind": "kinesis", "retention_ms": 3_600_000, "options": {**kinesis, "stream": STREAM}},
         ],
     }, sort_keys=False))
@@ -129,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         import psycopg
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
-        write_config(config, broker.bootstrap, logs, dsn, kinesis_server.options())
+        write_config(config, logs, kinesis_server.options())
+        conns = connections(broker.bootstrap, dsn)
+        env.update(conns)  # for the Airflow and reclock processes
+        os.environ.update(conns)  # for the steps this process runs (the first tick below)
         print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; config {config}")
         pipeline.tick("payments", str(config))  # creates the replication slot before any change
         say("initialising Airflow (SQLite) in var/demo/airflow")

@@ -1,6 +1,7 @@
 """The sources file: parsing, env overrides and expansion, and clear validation errors."""
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -9,7 +10,8 @@ import pytest
 import yaml
 
 from reclock import sources
-from reclock.config import DEFAULT_PATH, ConfigError, load_config
+from reclock import cli
+from reclock.config import DEFAULT_PATH, SCHEMA_PATH, ConfigError, config_schema, config_schema_text, load_config
 
 GOOD = {
     "warehouse": "var/warehouse",
@@ -135,7 +137,7 @@ def test_config_kinds_are_the_buildable_kinds(tmp_path):
 @pytest.mark.parametrize("doc, message", [
     (variant(kind="pubnub"), r"sources\[0\] \(orders\)\.kind: unknown kind 'pubnub' \(known: .*kafka"),
     (variant(name="Orders"), r"sources\[0\]\.name: must match"),
-    (variant(name="clicks"), r"sources\[1\]\.name: duplicate source name 'clicks'"),
+    (variant(name="clicks"), r"sources\[1\] \(clicks\)\.name: duplicate source name 'clicks'"),
     (variant(options={"topic": "t"}), r"\(orders\)\.options: missing required option\(s\) for kind kafka: "
                                       r"bootstrap_servers, group_id"),
     (variant(options=None), r"missing required option"),
@@ -165,7 +167,7 @@ def test_config_kinds_are_the_buildable_kinds(tmp_path):
     (variant(force_vacuum="yes"), r"\(orders\)\.force_vacuum: must be true or false, got 'yes'"),
     ({**GOOD, "transactions": [{"name": "tx", "data_source": "orders", "tx_source": "clicks", "schedule": "@often"}]},
      r"transactions\[0\] \(tx\)\.schedule: not a cron expression"),
-    (variant(color="red"), r"sources\[0\]: unknown key\(s\) color"),
+    (variant(color="red"), r"sources\[0\] \(orders\): unknown key\(s\) color"),
     (variant(start_date="soon"), r"start_date: must be an ISO date"),
     (variant(schedule=5), r"schedule: must be a non-empty string"),
     ({**GOOD, "extra": 1}, r"top level: unknown key\(s\) extra"),
@@ -299,3 +301,79 @@ def test_kafka_client_properties_pass_through_config(tmp_path):
                "starting_offsets": 1_767_225_600_000, "timeout_s": 2.5}
     assert load_config(write(tmp_path, variant(options=options))).source("orders").options["config"] == {
         "client.id": "reclock", "security.protocol": "PLAINTEXT"}
+
+
+def test_the_committed_schema_is_the_models(capsys):
+    """docs/sources.schema.json is what the model says now (regenerate: reclock config-schema > docs/sources.schema.json)."""
+    assert SCHEMA_PATH.read_text() == config_schema_text(), "regenerate docs/sources.schema.json"
+    assert cli.main(["config-schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == config_schema()
+    assert DEFAULT_PATH.read_text().startswith("# yaml-language-server: $schema=../docs/sources.schema.json\n")
+
+
+@pytest.mark.parametrize("doc, valid", [
+    (GOOD, True),
+    (variant(kind="postgres", options={"dsn": "host=/tmp", "slot": "s", "tables": ["public.items"]}), True),
+    (variant(options={**GOOD["sources"][0]["options"], "startng_offsets": "latest"}), False),
+    (variant(options={"topic": "t"}), False),
+    (variant(retention_ms=0), False),
+    (variant(kind="pubnub"), False),
+    (variant(color="red"), False),
+    (variant(options={**GOOD["sources"][0]["options"], "timeout_s": 0}), False),
+    ({**GOOD, "sources": []}, False),
+])
+def test_an_editor_checks_with_the_schema_what_load_config_checks(tmp_path, doc, valid):
+    """What a JSON-schema validator (as editors run) says of a file agrees with load_config on these."""
+    import jsonschema
+
+    errors = list(jsonschema.Draft202012Validator(config_schema()).iter_errors(doc))
+    assert (not errors) is valid, errors
+    if valid:
+        load_config(write(tmp_path, doc))
+    else:
+        with pytest.raises(ConfigError):
+            load_config(write(tmp_path, doc))
+
+
+def test_the_demo_config_is_valid_for_the_schema():
+    import jsonschema
+
+    doc = yaml.safe_load(DEFAULT_PATH.read_text())
+    # as editors read YAML (1.2: a date is a string)
+    jsonschema.Draft202012Validator(config_schema()).validate(json.loads(json.dumps(doc, default=str)))
+
+
+def test_a_loaded_config_pickles(tmp_path):
+    """The per-kind entry classes are made at run time; a config still pickles (as the dataclasses did)."""
+    import pickle
+
+    config = load_config(write(tmp_path, GOOD))
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config and type(again.source("orders")) is type(config.source("orders"))
+    assert again.source("orders").offsets_unique and again.source("orders").options == config.source("orders").options
+
+
+@pytest.mark.parametrize("kind, connection, options, problem", [
+    ("kafka", "reclock_kafka", {"topic": "t", "group_id": "g"}, None),
+    ("postgres", "reclock_pg", {"slot": "s", "tables": ["public.items"]}, None),
+    ("kafka", "reclock_kafka", {"topic": "t", "group_id": "g", "bootstrap_servers": "b:9092"},
+     r"\(orders\)\.options: bootstrap_servers and connection 'reclock_kafka' are given together: the connection "
+     r"gives bootstrap_servers; say one or the other$"),
+    ("postgres", "reclock_pg", {"dsn": "host=/tmp", "slot": "s"}, r"\(orders\)\.options: dsn and connection"),
+    ("kafka", "reclock_kafka", {"topic": "t"}, r"\(orders\)\.options: missing required option\(s\) for kind kafka: "
+                                               r"group_id$"),
+    ("kafka", "", {"topic": "t", "group_id": "g"},
+     r"\(orders\)\.connection: must be a non-empty string \(an Airflow connection id\), got ''$"),
+    ("files", "logs", {"url": "/data"}, r"\(orders\)\.connection: only kinds with an Airflow connection type take "
+                                        r"a connection \(kafka, postgres\), got 'logs'$"),
+])
+def test_a_connection_id_instead_of_the_address(tmp_path, kind, connection, options, problem):
+    """An Airflow connection id names the upstream (resolved when a step runs, reclock.connections), instead of,
+    not together with, the options it gives; loading the file reads no connection."""
+    path = write(tmp_path, variant(kind=kind, connection=connection, options=options))
+    if problem is None:
+        source = load_config(path).source("orders")
+        assert source.connection == connection and source.options == options
+    else:
+        with pytest.raises(ConfigError, match=problem):
+            load_config(path)

@@ -15,7 +15,7 @@ import sys
 from datetime import datetime, timezone
 
 from . import pipeline
-from .config import load_config
+from .config import config_schema_text, load_config
 from .query import QueryError, common_readable, query_as_of
 from .status import status
 
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--drop-slot", action="store_true", help="Postgres: replace a replication slot that still exists "
                    "(e.g. after a schema change the source cannot follow)")
     sub.add_parser("status", help="frontiers, uppers and lag of every source")
+    sub.add_parser("config-schema", help="print the JSON schema of the sources file (docs/sources.schema.json), "
+                   "for editors")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
     q.add_argument("--as-of", required=True, type=time_or_latest, help="ms since epoch, ISO datetime, or 'latest'")
     q.add_argument("--sql", help="Spark SQL over the sources' views (default: SELECT * FROM the one source)")
@@ -115,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repair", action="store_true", help="replace the window's published rows by the replay")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.command == "config-schema":
+        sys.stdout.write(config_schema_text())
+        return 0
     try:
         _check_names(args)
         if args.command in STEPS:

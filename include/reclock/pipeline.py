@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from .clock import now_ms
 from .config import SourceConfig, load_config
+from .connections import resolved_options
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
@@ -37,6 +38,9 @@ class SourceContext:
     spark_conf: dict
     spark: Any = None
     base: Frontier = Frontier()  # the current epoch's offset base (reclock.engine.upstream)
+    #: The options the upstream was built from: the file's, with what its Airflow connection gives
+    #: (reclock.connections); they may hold credentials, so never log them.
+    options: dict | None = None
 
     @property
     def source(self) -> Source:
@@ -46,7 +50,7 @@ class SourceContext:
     @property
     def spec(self) -> dict:
         """How Spark workers rebuild the source."""
-        return {"kind": self.config.kind, **self.config.options}
+        return {"kind": self.config.kind, **(self.config.options if self.options is None else self.options)}
 
 
 @contextmanager
@@ -71,8 +75,9 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
     source = None if connect else source_class(source_config.kind)
     connected = source is None
     warehouse = Warehouse(config.warehouse, config.storage_options)
+    options = None
     if connected:
-        options = dict(source_config.options)
+        options = resolved_options(source_config)  # the Airflow connection it names, if any, read now
         if "state_url" in (source_options(source_config.kind) or {}) and not options.get("state_url"):
             options["state_url"] = f"{warehouse.source_uri(name)}/state"  # a source keeping its own state
         source = build_source({"kind": source_config.kind, **options})
@@ -81,7 +86,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
             name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
         record = tables.upstream_record() if connected else None
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
-                            record.base if record else Frontier())
+                            record.base if record else Frontier(), options)
     finally:
         if connected:
             source.close()

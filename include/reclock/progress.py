@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 
 from . import check_log
 from .config import Config, ConfigError, load_config
+from .connections import resolved_options
 from .engine import Frontier
 from .engine.upstream import to_gauge
 from .sources import SourceError, build_source, source_options
@@ -107,7 +108,8 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         _lag(row, sample["upper"], bound, sample["measured_at"], sample["step"])
     if upstream:
         try:
-            _lag(row, to_gauge(probe_upper(source_config.kind, source_config.options), base), bound, now_ms(), None)
+            options = resolved_options(source_config)  # its Airflow connection, if it names one
+            _lag(row, to_gauge(probe_upper(source_config.kind, options), base), bound, now_ms(), None)
         except Exception as e:  # noqa: BLE001
             reason = str(e) if isinstance(e, UpstreamUnreachable) else _describe(e)
             row.update(upstream_error=f"upstream unreachable: {reason}", upstream_unreachable_since=now_ms())

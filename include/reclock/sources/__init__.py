@@ -32,26 +32,36 @@ class SourceKind:
     #: Whether each offset carries exactly one record (Kafka, files yes; Postgres no: all changes
     #: of a transaction share its commit LSN).
     offsets_unique: bool = True
+    #: The Airflow connection type a source entry may name instead of ``connection_options``
+    #: (:mod:`reclock.connections` resolves it when a step runs), or None.
+    connection_type: str | None = None
+    #: The options (address, credentials) an Airflow connection of ``connection_type`` gives.
+    connection_options: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, SourceKind] = {}
 
 
 def register_source(kind: str, factory: str | SourceFactory, required_options: tuple[str, ...] = (),
-                    offsets_unique: bool = True) -> SourceKind:
+                    offsets_unique: bool = True, connection_type: str | None = None,
+                    connection_options: tuple[str, ...] = ()) -> SourceKind:
     """Register ``kind`` as a callable or a ``"module:attribute"`` path taking the spec's kwargs.
 
     Prefer the path form for sources read by Spark: workers import it, a callable registered
     only in the driver process is unknown there.  ``required_options`` and ``offsets_unique``
-    are what the sources file's validation and the checks know about the kind.
+    are what the sources file's validation and the checks know about the kind; ``connection_type`` and
+    ``connection_options``: an entry may name an Airflow connection of that type instead of those options.
     """
-    _REGISTRY[kind] = SourceKind(kind, factory, tuple(required_options), bool(offsets_unique))
+    _REGISTRY[kind] = SourceKind(kind, factory, tuple(required_options), bool(offsets_unique), connection_type,
+                                 tuple(connection_options))
     return _REGISTRY[kind]
 
 
-register_source("kafka", "reclock.sources.kafka:KafkaSource", ("bootstrap_servers", "topic", "group_id"))
+register_source("kafka", "reclock.sources.kafka:KafkaSource", ("bootstrap_servers", "topic", "group_id"),
+                connection_type="kafka", connection_options=("bootstrap_servers",))
 register_source("files", "reclock.sources.files:FileSource", ("url",))
-register_source("postgres", "reclock.sources.postgres:PostgresSource", ("dsn", "slot"), offsets_unique=False)
+register_source("postgres", "reclock.sources.postgres:PostgresSource", ("dsn", "slot"), offsets_unique=False,
+                connection_type="postgres", connection_options=("dsn",))
 register_source("cdcv2", "reclock.sources.cdcv2:CdcV2Source", ("transport",), offsets_unique=False)  # offset = CDC time
 register_source("kinesis", "reclock.sources.kinesis:KinesisSource", ("stream",))  # landed by each tick
 register_source("recorded", "reclock.sources.recorded:RecordedSource", ("url",))  # Kinesis / PubNub replays
