@@ -2,7 +2,7 @@
 
 ``load_config(path)`` reads YAML (default: ``$RECLOCK_CONFIG`` or ``include/sources.yaml``),
 expands ``${VAR}`` / ``${VAR:-default}`` in string values, applies the
-``RECLOCK_WAREHOUSE`` and ``RECLOCK_SPARK_MASTER`` overrides and validates the whole file
+``RECLOCK_WAREHOUSE``, ``RECLOCK_SPARK_MASTER`` and ``RECLOCK_SPARK_REMOTE`` overrides and validates the whole file
 before anything runs: every problem is one line ``<file>: <field>: <what is wrong>`` (the field
 names the entry, e.g. ``sources[0] (orders).options.topic``), and :class:`ConfigError` carries
 them all (``.problems``), not just the first.
@@ -57,7 +57,7 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 _TOP_KEYS = {"warehouse", "storage_options", "spark", "sources", "transactions"}
-_SPARK_KEYS = {"master", "conf"}
+_SPARK_KEYS = {"master", "conf", "remote"}
 _SOURCE_KEYS = {"name", "kind", "schedule", "start_date", "retention_ms", "vacuum_retention_hours", "force_vacuum",
                 "on_bad_record", "options"}
 _TRANSACTIONS_KEYS = {"name", "data_source", "tx_source", "schedule", "start_date"}
@@ -109,6 +109,8 @@ class Config:
     sources: dict[str, SourceConfig]
     path: Path
     transactions: dict[str, TransactionsConfig] = field(default_factory=dict)
+    #: ``spark.remote``: a Spark Connect server (``sc://host:port``) every step uses instead of a session of its own
+    spark_remote: str | None = None
 
     def source(self, name: str) -> SourceConfig:
         return self._named(self.sources, name, "source named")
@@ -230,10 +232,21 @@ def _parse(r: _Reader, raw: Any) -> Config:
         sources=sources,
         path=r.path,
         transactions=transactions,
+        spark_remote=_spark_remote(r, spark),
     )
     if r.problems:
         raise ConfigError("\n".join(r.problems), r.problems)
     return config
+
+
+def _spark_remote(r: _Reader, spark: dict) -> str | None:
+    """``spark.remote`` (``$RECLOCK_SPARK_REMOTE`` wins; an empty one means none): a Spark Connect URL."""
+    remote = os.environ.get("RECLOCK_SPARK_REMOTE")
+    if remote is None and spark.get("remote") is not None:
+        remote = r.attempt(r.string, spark.get("remote"), "spark.remote")
+    if remote and not remote.startswith("sc://"):
+        r.note("spark.remote", f"a Spark Connect URL is sc://host:port, got {remote!r}")
+    return remote or None
 
 
 def _named_entries(r: _Reader, entries: list, key: str, what: str, parse) -> dict:

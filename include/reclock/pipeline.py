@@ -36,6 +36,7 @@ class SourceContext:
     spark_conf: dict
     spark: Any = None
     base: Frontier = Frontier()  # the current epoch's offset base (reclock.engine.upstream)
+    spark_remote: str | None = None  # a Spark Connect server's URL (the config's spark.remote)
 
     @property
     def source(self) -> Source:
@@ -66,7 +67,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
         from .spark_session import get_spark
 
         spark = get_spark(config.spark_master, f"reclock-{name}", s3=config.warehouse.startswith("s3"),
-                          conf=config.spark_conf)
+                          conf=config.spark_conf, remote=config.spark_remote)
     source = None if connect else source_class(source_config.kind)
     connected = source is None
     warehouse = Warehouse(config.warehouse, config.storage_options)
@@ -80,7 +81,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
             name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
         record = tables.upstream_record() if connected else None
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
-                            record.base if record else Frontier())
+                            record.base if record else Frontier(), config.spark_remote)
     finally:
         if connected:
             source.close()
