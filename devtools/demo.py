@@ -11,7 +11,9 @@ Five sources with five gauges of progress, each with its own Airflow DAG
 * ``taps``: a Kinesis stream of 2 shards, ``(shard, sequence number)`` (kinesis-local, a
   Kinesis-compatible server); the first round splits shard 0 after putting into it.
 
-Each round changes every source, ticks all five IntoTime clocks at one moment and runs
+Every Spark step runs on one long-lived Spark, a local Spark Connect server (``devtools.spark_connect``,
+the config's ``spark.remote``): no step starts a JVM of its own (``--local-spark``: each does, as without
+a server).  Each round changes every source, ticks all five IntoTime clocks at one moment and runs
 the five DAGs.  At the end it joins all five AS OF each round's tick: the answer for a
 past IntoTime stays the same however much arrives later.  Everything lives under
 ``var/demo`` (removed at the start of each run).
@@ -32,6 +34,7 @@ from devtools.airflow_home import AIRFLOW, PYTHON, REPO, airflow_env, migrate, r
 from devtools.kafka_broker import LocalBroker, create_topic, produce
 from devtools.kinesis_server import KinesisServer, create_stream, open_shards, put, split
 from devtools.pg_cluster import PgCluster
+from devtools.spark_connect import LocalSparkConnect
 
 TOPICS = {"orders": 2, "clicks": 3}  # topic -> partitions
 SOURCES = [*TOPICS, "weblogs", "payments", "taps"]
@@ -55,13 +58,13 @@ def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_config(path: Path, bootstrap: str, logs: Path, dsn: str, kinesis: dict) -> None:
+def write_config(path: Path, bootstrap: str, logs: Path, dsn: str, kinesis: dict, remote: str | None) -> None:
     kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000,
               "options": {"bootstrap_servers": bootstrap, "topic": name, "group_id": f"reclock-{name}"}}
              for name in TOPICS]
     path.write_text(yaml.safe_dump({
         "warehouse": str(path.parent / "warehouse"),
-        "spark": {"master": "local[2]"},
+        "spark": {"remote": remote} if remote else {"master": "local[2]"},
         "sources": kafka + [
             {"name": "weblogs", "kind": "files", "retention_ms": 3_600_000, "options": {"url": str(logs)}},
             {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000,
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=REPO / "var" / "demo")
+    parser.add_argument("--local-spark", action="store_true",
+                        help="every Spark step starts a local session of its own (default: one Spark Connect server)")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
     logs = args.dir / "weblogs"
@@ -116,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     env = airflow_env(args.dir / "airflow", config)
 
     with ExitStack() as stack:
-        say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster and a "
-            "Kinesis-compatible server (kinesis-local)")
+        say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster, a "
+            "Kinesis-compatible server (kinesis-local) and a Spark Connect server (the long-lived Spark)")
         broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
         cluster = stack.enter_context(PgCluster())
         kinesis_server = stack.enter_context(KinesisServer())
+        spark = None if args.local_spark else stack.enter_context(LocalSparkConnect())
         kinesis = kinesis_server.client()
         create_stream(kinesis, STREAM, shards=2)
         dsn = cluster.dsn()
@@ -129,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         import psycopg
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
-        write_config(config, broker.bootstrap, logs, dsn, kinesis_server.options())
-        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; config {config}")
+        write_config(config, broker.bootstrap, logs, dsn, kinesis_server.options(), spark and spark.url)
+        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; "
+              f"Spark {f'Connect server at {spark.url}' if spark else 'local sessions'}; config {config}")
         pipeline.tick("payments", str(config))  # creates the replication slot before any change
         say("initialising Airflow (SQLite) in var/demo/airflow")
         migrate(args.dir / "airflow", env)

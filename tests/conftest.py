@@ -36,6 +36,17 @@ def kafka_topic(kafka_broker):
 
 
 @pytest.fixture(scope="session")
+def spark_connect():
+    """URL ``sc://127.0.0.1:PORT`` of a local Spark Connect server with reclock's jars and settings (a long-lived
+    Spark: devtools.spark_connect), one per test session.  Its clients run in subprocesses (airflow_env.run_python):
+    a process with a local session (this one: the ``spark`` fixture) cannot open a Connect session too."""
+    from devtools.spark_connect import LocalSparkConnect
+
+    with LocalSparkConnect() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
 def kinesis_server():
     """A Kinesis-compatible server (kinesis-local, on Node.js) on a free port, one per test session; stopped by PID."""
     from devtools.kinesis_server import KinesisServer
