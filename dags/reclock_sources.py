@@ -179,10 +179,10 @@ def replay_task(config: Config, source: SourceConfig):
 
     @task(task_id="replay", **task_policy("replay"))
     def replay(data_interval_start=None, data_interval_end=None, params=None) -> dict:
-        from reclock.backfill import replay, window_of_interval
-        start, end = window_of_interval(round(data_interval_start.timestamp() * 1000),
-                                        round(data_interval_end.timestamp() * 1000))
-        return replay(name, config_path, start, end, mode=params["backfill_mode"])
+        from reclock import backfill
+        start, end = backfill.window_of_interval(round(data_interval_start.timestamp() * 1000),
+                                                 round(data_interval_end.timestamp() * 1000))
+        return backfill.replay(name, config_path, start, end, mode=params["backfill_mode"])
     return replay()
 
 

@@ -128,10 +128,14 @@ def test_commit_races_and_source_errors_are_recognized_over_spark_connect(spark_
 
 # The DAG as Airflow parses it with a Spark Connect server configured: which operator runs each Spark step.
 OPERATORS = """
+import os, sys
 from airflow.models import DagBag
+before = dict(os.environ)
 bag = DagBag(dag_folder=DAGS)
 assert not bag.import_errors, bag.import_errors
-emit({dag_id: {t.task_id: type(t).__name__ for t in dag.tasks} for dag_id, dag in bag.dags.items()})
+emit({"operators": {dag_id: {t.task_id: type(t).__name__ for t in dag.tasks} for dag_id, dag in bag.dags.items()},
+      "side_effects": sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k)),
+      "imported": sorted({m.split(".")[0] for m in sys.modules if m.startswith(("pyspark", "great_expectations"))})})
 """
 
 # dag.test() of the source's DAG in this one process: which tasks ran, and whether any started a JVM here.
@@ -154,14 +158,16 @@ def test_the_dag_runs_its_spark_steps_over_spark_connect(spark_connect, kafka_br
     env = prepare_home(tmp_path / "airflow", config=Path(config), db_template=airflow_db_template)
     dags = f"DAGS = {str(DAGS_FOLDER)!r}\n"
 
-    operators = run_python(dags + OPERATORS, env, timeout=300)
+    parsed = run_python(dags + OPERATORS, env, timeout=300)
+    operators = parsed["operators"]
     assert operators["reclock_orders"]["reclock"] == "_PythonDecoratedOperator", operators["reclock_orders"]
     assert operators["reclock_backfill_orders"]["replay"] == "_PythonDecoratedOperator"
-    assert not any("SparkSubmit" in op for dag in operators.values() if isinstance(dag, dict) for op in dag.values())
+    assert not any("SparkSubmit" in op for dag in operators.values() for op in dag.values())
+    assert parsed["side_effects"] == [] and parsed["imported"] == []  # parsing opens no session, imports no Spark
     (tmp_path / "local").mkdir()
     local = Path(write_config(tmp_path / "local", kafka_broker, {"orders": topic}))
     without = run_python(dags + OPERATORS, airflow_env(tmp_path / "airflow", local), timeout=300)
-    assert without["reclock_orders"]["reclock"] == "ReclockSparkSubmitOperator"  # no remote: spark-submit
+    assert without["operators"]["reclock_orders"]["reclock"] == "ReclockSparkSubmitOperator"  # no remote: spark-submit
 
     produce(kafka_broker, topic, [(f"k{i}", f"v{i}", i % 2) for i in range(10)])
     result = run_python(dags + DAG_TEST, env, timeout=900)
