@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,7 +100,12 @@ class LocalSparkConnect:
         return "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the server's process group (its Python workers too), SIGKILL what lingers; remove its dir."""
+        """Stop this process's Connect session of the server, SIGTERM the server's process group (its Python
+        workers too), SIGKILL what lingers; remove its dir.
+
+        A Connect client left open asks its server once more when the interpreter exits (PySpark's atexit), and
+        retries for about ten minutes when the server is gone: its session is stopped first."""
+        _stop_client_of(self.url)
         if self._proc is not None:
             for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
                 try:
@@ -125,6 +131,14 @@ class LocalSparkConnect:
 
     def __repr__(self) -> str:
         return f"LocalSparkConnect({f'pid={self.pid} {self.url}' if self.running() else 'stopped'})"
+
+
+def _stop_client_of(url: str) -> None:
+    """Stop this process's default Spark Connect session if it is a client of ``url`` (``sc://host:port``)."""
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    session = connect.SparkSession._get_default_session() if connect else None
+    if session is not None and f"sc://{session.client._builder.endpoint}" == url:
+        session.stop()
 
 
 def _accepts(host: str, port: int) -> bool:
