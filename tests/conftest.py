@@ -150,6 +150,19 @@ def reclocked_rows(name, config):
     return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
 
 
+def engine_rows(name, config):
+    """What the engine's single-writer ``reclock()`` gives for every record upstream (read with the source's own
+    client, no Spark) under the stored remap: ``(value, partition, offset, into_time, diff)`` rows, sorted."""
+    from reclock import pipeline
+    from reclock.engine import reclock
+
+    with pipeline.open_source(name, config) as ctx:
+        remap, upper = ctx.tables.read_remap(), ctx.source.upper()
+        updates = [(data["value"], p, offset, diff)
+                   for p, end in upper for data, offset, diff in ctx.source.read(p, 0, end)]
+    return sorted(tuple(r) for r in reclock(updates, remap))
+
+
 def assert_reclocked_is_replay(name, config, spark):
     """Publish what is bound (one writer), then the reclocked table must equal the engine's single-writer
     ``reclock()`` of every record upstream under the same remap: nothing lost, nothing counted twice."""

@@ -13,11 +13,10 @@ import pytest
 import yaml
 from airflow_env import DAGS_FOLDER, airflow_env, prepare_home, run_python
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from conftest import reclocked_rows, write_config, write_sources_config
+from conftest import engine_rows, reclocked_rows, write_config, write_sources_config
 
 from devtools.kafka_broker import produce
 from reclock import pipeline
-from reclock.engine.reclocked import reclock
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +37,6 @@ def remote_config(tmp_path, kafka_broker, topic: str, url: str) -> str:
     doc = yaml.safe_load(Path(config).read_text())
     Path(config).write_text(yaml.safe_dump({**doc, "spark": {"remote": url}}))
     return config
-
-
-def engine_rows(name: str, config: str) -> list:
-    """What the engine gives for every record upstream (read with the Kafka client, no Spark) under remap."""
-    with pipeline.open_source(name, config) as ctx:
-        remap, upper = ctx.tables.read_remap(), ctx.source.upper()
-        updates = [(data["value"], p, offset, diff) for p, end in upper for data, offset, diff in ctx.source.read(p, 0, end)]
-    return sorted(tuple(r) for r in reclock(updates, remap))
 
 
 def test_kafka_run_once_over_spark_connect(spark_connect, kafka_broker, kafka_topic, tmp_path):

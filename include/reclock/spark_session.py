@@ -97,7 +97,8 @@ def connect_server_command(port: int, host: str = "0.0.0.0", master: str = "loca
 
     python = python or sys.executable
     include = str(Path(__file__).resolve().parents[1])
-    pythonpath = os.pathsep.join(dict.fromkeys([include, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    inherited = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    pythonpath = os.pathsep.join(dict.fromkeys([include, *inherited]))
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
     settings = {**session_conf(s3), "spark.connect.grpc.binding.address": host,
                 "spark.connect.grpc.binding.port": str(port), "spark.pyspark.python": python,
