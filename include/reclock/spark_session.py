@@ -173,3 +173,33 @@ def spark_schema(arrow_schema):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(arrow_schema)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reclock.spark_session [--port 15002] [--master M] [--config F] [--print]``: run (exec) the Spark
+    Connect server of :func:`connect_server_command`, with the sources file's ``spark.conf`` (s3a jars when its
+    warehouse is on S3); ``--print`` prints the command instead."""
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="python -m reclock.spark_session", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=15002)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--master", default=os.environ.get("RECLOCK_SPARK_MASTER", "local[2]"))
+    parser.add_argument("--config", default=None,
+                        help="the sources file (default: $RECLOCK_CONFIG or include/sources.yaml)")
+    parser.add_argument("--print", action="store_true", help="print the command and its environment, run nothing")
+    args = parser.parse_args(argv)
+    from .config import load_config
+
+    config = load_config(args.config)
+    argv_, env = connect_server_command(args.port, args.host, args.master, s3=config.warehouse.startswith("s3"),
+                                        conf=config.spark_conf)
+    if args.print:
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv_))
+        return 0
+    os.execve(argv_[0], argv_, {**os.environ, **env})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
