@@ -168,3 +168,27 @@ def test_the_dag_runs_its_spark_steps_over_spark_connect(spark_connect, kafka_br
     assert result["connect_mode"] and not result["local_jvm"]  # every Spark step was a Connect client
     assert reclocked_rows("orders", config) == engine_rows("orders", config)
     assert sorted(r[0] for r in reclocked_rows("orders", config)) == sorted(f"v{i}" for i in range(10))
+
+
+def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_conf(tmp_path):
+    """``python -m reclock.spark_session --print``: how production starts the server (README: long-lived Spark)."""
+    import shlex
+    import subprocess
+
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(tmp_path)}))
+    doc = yaml.safe_load(Path(config).read_text())
+    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": "http://s3:9000"}}}))
+    out = subprocess.run([sys.executable, "-m", "reclock.spark_session", "--print", "--port", "15002", "--config", config],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    words = shlex.split(out)
+    env = dict(w.split("=", 1) for w in words[:3])
+    argv = words[3:]
+    conf = dict(argv[i + 1].split("=", 1) for i, w in enumerate(argv) if w == "--conf")
+    assert argv[0].endswith("pyspark/bin/spark-submit") and argv[-1] == "spark-internal"
+    assert argv[argv.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
+    assert any("delta-spark_4.1_2.13" in jar for jar in conf["spark.jars"].split(","))
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.connect.grpc.binding.port"] == "15002" and conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://s3:9000"  # the server's business, not a session's
+    assert conf["spark.pyspark.python"] == env["PYSPARK_PYTHON"] == sys.executable
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(pipeline.__file__).parent.parent)  # reclock's include/
