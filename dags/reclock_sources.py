@@ -3,7 +3,7 @@
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
 
-With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: README "Long-lived Spark") no
+With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: README "A long-lived Spark") no
 task starts a JVM: ``reclock`` (and a backfill's ``replay``) is a Python task like the others, running
 ``reclock.pipeline.stage`` in the task's process as a Spark Connect client of the server, and every other
 Spark step (tick, check, publish, compact) opens a Connect session too.  Without it, ``reclock`` is a
@@ -155,10 +155,12 @@ def pipeline_task(step: str, name: str, config_path: str):
 
 
 def stage_task(config: Config, source: SourceConfig):
-    """The ``reclock`` task: over the Spark Connect server (``spark.remote``) in the task's process, else spark-submit."""
+    """The ``reclock`` task: over the Spark Connect server (``spark.remote``) in the task's process, else a
+    spark-submit."""
     name, config_path = source.name, str(config.path)
     if not config.spark_remote:
-        return ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source), **task_policy("reclock"))
+        return ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
+                                          **task_policy("reclock"))
 
     @task(task_id="reclock", **task_policy("reclock"))
     def reclock() -> dict:
