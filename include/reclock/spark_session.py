@@ -154,7 +154,8 @@ def remote_spark(url: str, app_name: str = "reclock", conf: dict | None = None):
                               "server up? README: A long-lived Spark)") from e
     if DELTA_CONF["spark.sql.extensions"] not in extensions:
         raise SparkSetupError(f"the Spark Connect server at {url} has no Delta Lake (spark.sql.extensions is "
-                              f"{extensions!r}): start it with reclock's jars and settings (README: A long-lived Spark)")
+                              f"{extensions!r}): start it with reclock's jars and settings (python -m "
+                              "reclock.spark_session; README: A long-lived Spark)")
     return spark
 
 
