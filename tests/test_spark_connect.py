@@ -177,9 +177,10 @@ def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_con
 
     config = write_sources_config(tmp_path, ("logs", "files", {"url": str(tmp_path)}))
     doc = yaml.safe_load(Path(config).read_text())
-    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"conf": {"spark.hadoop.fs.s3a.endpoint": "http://s3:9000"}}}))
-    out = subprocess.run([sys.executable, "-m", "reclock.spark_session", "--print", "--port", "15002", "--config", config],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    s3a = {"spark.hadoop.fs.s3a.endpoint": "http://s3:9000"}
+    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"conf": s3a}}))
+    command = [sys.executable, "-m", "reclock.spark_session", "--print", "--port", "15002", "--config", config]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
     words = shlex.split(out)
     env = dict(w.split("=", 1) for w in words[:3])
     argv = words[3:]
