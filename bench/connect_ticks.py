@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,7 @@ def main() -> int:
                 if i:
                     print(f"spark-submit of the stage job, nothing pending: {submit(local, env)} (load {load()})",
                           flush=True)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
