@@ -3,6 +3,12 @@
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
 
+With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: README "A long-lived Spark") no
+task starts a JVM: ``reclock`` (and a backfill's ``replay``) is a Python task like the others, running
+``reclock.pipeline.stage`` in the task's process as a Spark Connect client of the server, and every other
+Spark step (tick, check, publish, compact) opens a Connect session too.  Without it, ``reclock`` is a
+spark-submit (to any master: a cluster too) and the other steps start a local session each.
+
 ``reclock_backfill_<name>``: ``airflow backfill create --dag-id reclock_backfill_<name> --from-date
 ... --to-date ...`` replays, per backfill run, the IntoTime window of the run's data interval
 ``[data_interval_start, data_interval_end)`` (ms) from remap and the upstream and verifies it against
@@ -162,6 +168,40 @@ def pipeline_task(step: str, name: str, config_path: str):
     return run()
 
 
+def stage_task(config: Config, source: SourceConfig):
+    """The ``reclock`` task: over the Spark Connect server (``spark.remote``) in the task's process, else a
+    spark-submit."""
+    name, config_path = source.name, str(config.path)
+    if not config.spark_remote:
+        return ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
+                                          **task_policy("reclock"))
+
+    @task(task_id="reclock", **task_policy("reclock"))
+    def reclock() -> dict:
+        from reclock import pipeline
+        return pipeline.stage(name, config_path)
+    return reclock()
+
+
+def replay_task(config: Config, source: SourceConfig):
+    """The backfill's ``replay`` of its data interval: over the Spark Connect server, else spark-submit."""
+    name, config_path = source.name, str(config.path)
+    if not config.spark_remote:
+        args = spark_submit_args(config, source)
+        args["application_args"] += ["--replay-interval", _ms("data_interval_start"), _ms("data_interval_end"),
+                                     "--mode", "{{ params.backfill_mode }}"]
+        return ReclockSparkSubmitOperator(task_id="replay", **{**args, "name": f"reclock-backfill-{name}"},
+                                          **task_policy("replay"))
+
+    @task(task_id="replay", **task_policy("replay"))
+    def replay(data_interval_start=None, data_interval_end=None, params=None) -> dict:
+        from reclock import backfill
+        start, end = backfill.window_of_interval(round(data_interval_start.timestamp() * 1000),
+                                                 round(data_interval_end.timestamp() * 1000))
+        return backfill.replay(name, config_path, start, end, mode=params["backfill_mode"])
+    return replay()
+
+
 def build_dag(config: Config, source: SourceConfig) -> DAG:
     name, config_path = source.name, str(config.path)
     with reclock_dag(
@@ -172,7 +212,8 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 f"* options: `{json.dumps(shown_options(source.options), sort_keys=True)}`\n"
                 f"{f'* Airflow connection: `{source.connection}`' + chr(10) if source.connection else ''}"
                 f"* schedule: `{source.schedule}`, IntoTime retention: {source.retention_ms} ms\n"
-                f"* Spark master: `{config.spark_master}`, config: `{config_path}`\n\n"
+                + (f"* Spark Connect server: `{config.spark_remote}`" if config.spark_remote else
+                   f"* Spark master: `{config.spark_master}`") + f", config: `{config_path}`\n\n"
                 "tick (bind the source frontier) >> reclock (Spark stages the new records) >> check "
                 "(Great Expectations) >> publish >> resume (commit offsets upstream) >> compact"),
     ) as dag:
@@ -184,8 +225,7 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
             from reclock import pipeline
             return pipeline.tick(name, config_path)
 
-        previous = tick() >> ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
-                                                        **task_policy("reclock"))
+        previous = tick() >> stage_task(config, source)
         previous = previous >> pipeline_task("check", name, config_path)
         previous = previous >> publish_task(name, config_path, reclocked_asset(config, name))
         for step in ("resume", "compact"):
@@ -220,12 +260,7 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
                 print(f"a {run_type(dag_run)} run: only backfill runs replay a window")
             return run_type(dag_run) == "backfill"
 
-        args = spark_submit_args(config, source)
-        args["application_args"] += ["--replay-interval", _ms("data_interval_start"), _ms("data_interval_end"),
-                                     "--mode", "{{ params.backfill_mode }}"]
-        replay = ReclockSparkSubmitOperator(task_id="replay", **{**args, "name": f"reclock-backfill-{name}"},
-                                            **task_policy("replay"))
-        backfill_run() >> replay
+        backfill_run() >> replay_task(config, source)
     return dag
 
 

@@ -14,7 +14,9 @@ Five sources with five gauges of progress, each with its own Airflow DAG
 The sources file names the Kafka broker and the Postgres database by Airflow connection
 (``reclock_kafka``, ``reclock_postgres``), defined as ``AIRFLOW_CONN_*`` variables.
 
-Each round changes every source, ticks all five IntoTime clocks at one moment and runs
+Every Spark step runs on one long-lived Spark, a local Spark Connect server (``devtools.spark_connect``,
+the config's ``spark.remote``): no step starts a JVM of its own (``--local-spark``: each does, as without
+a server).  Each round changes every source, ticks all five IntoTime clocks at one moment and runs
 the five DAGs.  At the end it joins all five AS OF each round's tick: the answer for a
 past IntoTime stays the same however much arrives later.  Everything lives under
 ``var/demo`` (removed at the start of each run).
@@ -37,6 +39,7 @@ from devtools.airflow_home import (AIRFLOW, PYTHON, REPO, airflow_env, kafka_con
 from devtools.kafka_broker import LocalBroker, create_topic, produce
 from devtools.kinesis_server import KinesisServer, create_stream, open_shards, put, split
 from devtools.pg_cluster import PgCluster
+from devtools.spark_connect import LocalSparkConnect
 
 TOPICS = {"orders": 2, "clicks": 3}  # topic -> partitions
 SOURCES = [*TOPICS, "weblogs", "payments", "taps"]
@@ -69,13 +72,13 @@ def connections(bootstrap: str, dsn: str) -> dict[str, str]:
     return {**kafka_connection(KAFKA_CONN, bootstrap), **postgres_connection(PG_CONN, dsn)}
 
 
-def write_config(path: Path, logs: Path, kinesis: dict) -> None:
+def write_config(path: Path, logs: Path, kinesis: dict, remote: str | None) -> None:
     kafka = [{"name": name, "kind": "kafka", "retention_ms": 3_600_000, "connection": KAFKA_CONN,
               "options": {"topic": name, "group_id": f"reclock-{name}"}}
              for name in TOPICS]
     path.write_text(yaml.safe_dump({
         "warehouse": str(path.parent / "warehouse"),
-        "spark": {"master": "local[2]"},
+        "spark": {"remote": remote} if remote else {"master": "local[2]"},
         "sources": kafka + [
             {"name": "weblogs", "kind": "files", "retention_ms": 3_600_000, "options": {"url": str(logs)}},
             {"name": "payments", "kind": "postgres", "retention_ms": 3_600_000, "connection": PG_CONN,
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", type=Path, default=REPO / "var" / "demo")
+    parser.add_argument("--local-spark", action="store_true",
+                        help="every Spark step starts a local session of its own (default: one Spark Connect server)")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
     logs = args.dir / "weblogs"
@@ -130,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     env = airflow_env(args.dir / "airflow", config)
 
     with ExitStack() as stack:
-        say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster and a "
-            "Kinesis-compatible server (kinesis-local)")
+        say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster, a "
+            "Kinesis-compatible server (kinesis-local) and a Spark Connect server (the long-lived Spark)")
         broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
         cluster = stack.enter_context(PgCluster())
         kinesis_server = stack.enter_context(KinesisServer())
+        spark = None if args.local_spark else stack.enter_context(LocalSparkConnect())
         kinesis = kinesis_server.client()
         create_stream(kinesis, STREAM, shards=2)
         dsn = cluster.dsn()
@@ -143,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         import psycopg
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
-        write_config(config, logs, kinesis_server.options())
+        write_config(config, logs, kinesis_server.options(), spark and spark.url)
         conns = connections(broker.bootstrap, dsn)
         env.update(conns)  # for the Airflow and reclock processes
         os.environ.update(conns)  # for the steps this process runs (the first tick below)
-        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; config {config}")
+        print(f"broker at {broker.bootstrap}; Postgres at {dsn}; Kinesis at {kinesis_server.endpoint}; "
+              f"Spark {f'Connect server at {spark.url}' if spark else 'local sessions'}; config {config}")
         pipeline.tick("payments", str(config))  # creates the replication slot before any change
         say("initialising Airflow (SQLite) in var/demo/airflow")
         migrate(args.dir / "airflow", env)

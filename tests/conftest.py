@@ -36,6 +36,17 @@ def kafka_topic(kafka_broker):
 
 
 @pytest.fixture(scope="session")
+def spark_connect():
+    """URL ``sc://127.0.0.1:PORT`` of a local Spark Connect server with reclock's jars and settings (a long-lived
+    Spark: devtools.spark_connect), one per test session.  Its clients run in subprocesses (airflow_env.run_python):
+    a process with a local session (this one: the ``spark`` fixture) cannot open a Connect session too."""
+    from devtools.spark_connect import LocalSparkConnect
+
+    with LocalSparkConnect() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
 def kinesis_server():
     """A Kinesis-compatible server (kinesis-local, on Node.js) on a free port, one per test session; stopped by PID."""
     from devtools.kinesis_server import KinesisServer
@@ -137,6 +148,19 @@ def reclocked_rows(name, config):
     with pipeline.open_source(name, config) as ctx:
         table = ctx.tables.read_reclocked_arrow().to_pylist()
     return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
+
+
+def engine_rows(name, config):
+    """What the engine's single-writer ``reclock()`` gives for every record upstream (read with the source's own
+    client, no Spark) under the stored remap: ``(value, partition, offset, into_time, diff)`` rows, sorted."""
+    from reclock import pipeline
+    from reclock.engine import reclock
+
+    with pipeline.open_source(name, config) as ctx:
+        remap, upper = ctx.tables.read_remap(), ctx.source.upper()
+        updates = [(data["value"], p, offset, diff)
+                   for p, end in upper for data, offset, diff in ctx.source.read(p, 0, end)]
+    return sorted(tuple(r) for r in reclock(updates, remap))
 
 
 def assert_reclocked_is_replay(name, config, spark):

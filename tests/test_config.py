@@ -29,7 +29,7 @@ GOOD = {
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for var in ("RECLOCK_CONFIG", "RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "BROKER"):
+    for var in ("RECLOCK_CONFIG", "RECLOCK_WAREHOUSE", "RECLOCK_SPARK_MASTER", "RECLOCK_SPARK_REMOTE", "BROKER"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -92,6 +92,25 @@ def test_env_overrides_and_expansion(tmp_path, monkeypatch):
     assert config.warehouse == "s3://bucket/prefix"
     assert config.spark_master == "spark://master:7077"
     assert config.source("orders").options["bootstrap_servers"] == "kafka:9092"
+
+
+@pytest.mark.parametrize("spark, env, remote, problem", [
+    ({"master": "local[1]"}, None, None, None),
+    ({"remote": "sc://spark-connect:15002"}, None, "sc://spark-connect:15002", None),
+    ({"master": "local[1]"}, "sc://127.0.0.1:15002", "sc://127.0.0.1:15002", None),  # the environment wins
+    ({"remote": "sc://a:1"}, "", None, None),  # an empty RECLOCK_SPARK_REMOTE: no server
+    ({"remote": "spark://master:7077"}, None, None, r"spark\.remote: a Spark Connect URL is sc://host:port"),
+    ({"remote": 15002}, None, None, r"spark\.remote"),
+])
+def test_spark_remote_selects_a_spark_connect_server(tmp_path, monkeypatch, spark, env, remote, problem):
+    if env is not None:
+        monkeypatch.setenv("RECLOCK_SPARK_REMOTE", env)
+    path = write(tmp_path, {**GOOD, "spark": spark})
+    if problem:
+        with pytest.raises(ConfigError, match=problem):
+            load_config(path)
+    else:
+        assert load_config(path).spark_remote == remote
 
 
 def test_unknown_source_lists_known_names(tmp_path):

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 from airflow_env import run_python
-from conftest import reclocked_rows, write_config
+from conftest import engine_rows, reclocked_rows, write_config
 
 from devtools.kafka_broker import produce
 from devtools.spark_cluster import LocalSparkCluster
 from reclock import pipeline
-from reclock.engine.reclocked import reclock
 
 pytestmark = pytest.mark.slow
 
@@ -99,11 +98,7 @@ def test_kafka_tick_on_a_standalone_cluster(cluster, kafka_broker, kafka_topic, 
     [app] = [a for a in state["activeapps"] + state["completedapps"] if a["id"] == result["app_id"]]
     assert app["cores"] == WORKERS  # one core of each worker
 
-    # What the engine gives for every record (read with the Kafka client, no Spark) and the remap.
-    with pipeline.open_source("orders", config) as ctx:
-        remap, upper = ctx.tables.read_remap(), ctx.source.upper()
-        updates = [(data["value"], p, offset, diff) for p, end in upper for data, offset, diff in ctx.source.read(p, 0, end)]
-    expected = sorted(tuple(r) for r in reclock(updates, remap))
+    expected = engine_rows("orders", config)  # every record, read with the Kafka client (no Spark), under remap
     assert [r[3] for r in expected].count(2_000) == 30 and len(expected) == 39
     assert reclocked_rows("orders", config) == expected
     assert sorted(map(tuple, result["python_rows"])) == expected

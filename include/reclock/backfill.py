@@ -223,7 +223,7 @@ def replay(name: str, config_path: str | None, start: int, end: int, spark=None,
     with open_source(name, config_path) as ctx:
         window = plan(ctx, name, start, end)
         spark = spark or get_spark(ctx.spark_master, f"reclock-backfill-{name}", s3=ctx.tables.uri.startswith("s3"),
-                                   conf=ctx.spark_conf)
+                                   conf=ctx.spark_conf, remote=ctx.spark_remote)
         schema = ctx.tables.spark_schema("reclocked")
         replayed = canonical(_replayed(spark, ctx, window, schema), window, schema).persist()
         try:

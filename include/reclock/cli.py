@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             from .spark_session import get_spark
             config = load_config(args.config)
             spark = get_spark(config.spark_master, "reclock-query", s3=config.warehouse.startswith("s3"),
-                              conf=config.spark_conf)
+                              conf=config.spark_conf, remote=config.spark_remote)
             print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
             query_as_of(spark, sql, t, names, args.config).show(args.limit, truncate=False)
     except (QueryError, ValueError, RuntimeError) as e:

@@ -8,7 +8,7 @@ for editors.
 
 ``load_config(path)`` reads YAML (default: ``$RECLOCK_CONFIG`` or ``include/sources.yaml``),
 expands ``${VAR}`` / ``${VAR:-default}`` in string values, applies the
-``RECLOCK_WAREHOUSE`` and ``RECLOCK_SPARK_MASTER`` overrides and validates the whole file
+``RECLOCK_WAREHOUSE``, ``RECLOCK_SPARK_MASTER`` and ``RECLOCK_SPARK_REMOTE`` overrides and validates the whole file
 before anything runs: every problem is one line ``<file>: <field>: <what is wrong>`` (the field
 names the entry, e.g. ``sources[0] (orders).options.topic``), and :class:`ConfigError` carries
 them all (``.problems``), not just the first, in the order of the file.  An entry whose name is
@@ -186,6 +186,10 @@ class SparkSettings(_Model):
 
     master: _NonEmpty = Field("local[2]", description="local[N], spark://host:7077, yarn, k8s://https://host:443")
     conf: Annotated[dict[str, _Scalar], _none_as({}), _says("must be a mapping", whole=False)] = {}
+    remote: Annotated[str | None, Field(pattern=r"^sc://\S+$"),
+                      _says("a Spark Connect URL is sc://host:port")] = Field(None, description=(
+        "a long-lived Spark Connect server (sc://host:port) every step uses instead of a session of its own; "
+        "RECLOCK_SPARK_REMOTE overrides it (empty: none)"))
 
 
 class SourceConfig(_Model):
@@ -310,6 +314,8 @@ class Config(BaseModel):
     sources: dict[str, SourceConfig]
     path: Path
     transactions: dict[str, TransactionsConfig] = {}
+    #: ``spark.remote``: a Spark Connect server (``sc://host:port``) every step uses instead of a session of its own
+    spark_remote: str | None = None
 
     def source(self, name: str) -> SourceConfig:
         return self._named(self.sources, name, "source named")
@@ -500,6 +506,9 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     raw = {**raw, **({"warehouse": warehouse_env} if warehouse_env else {})}
     if master_env and isinstance(raw.get("spark") or {}, dict):
         raw["spark"] = {**(raw.get("spark") or {}), "master": master_env}
+    remote_env = os.environ.get("RECLOCK_SPARK_REMOTE")
+    if remote_env is not None and isinstance(raw.get("spark") or {}, dict):  # set but empty: no server
+        raw["spark"] = {**(raw.get("spark") or {}), "remote": remote_env or None}
     problems: list[tuple[tuple, str, str]] = []
     try:
         kinds = [entry.get("kind") for entry in raw.get("sources") or [] if isinstance(entry, dict)]
@@ -519,7 +528,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     return Config(warehouse=warehouse, storage_options=_strings(parsed.storage_options),
                   spark_master=parsed.spark.master, spark_conf=_strings(parsed.spark.conf),
                   sources={s.name: s for s in parsed.sources}, path=path,
-                  transactions={t.name: t for t in parsed.transactions})
+                  transactions={t.name: t for t in parsed.transactions}, spark_remote=parsed.spark.remote)
 
 
 def _expand(value: Any, where: str, problems: list[str]) -> Any:

@@ -41,6 +41,7 @@ class SourceContext:
     #: The options the upstream was built from: the file's, with what its Airflow connection gives
     #: (reclock.connections); they may hold credentials, so never log them.
     options: dict | None = None
+    spark_remote: str | None = None  # a Spark Connect server's URL (the config's spark.remote)
 
     @property
     def source(self) -> Source:
@@ -71,7 +72,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
         from .spark_session import get_spark
 
         spark = get_spark(config.spark_master, f"reclock-{name}", s3=config.warehouse.startswith("s3"),
-                          conf=config.spark_conf)
+                          conf=config.spark_conf, remote=config.spark_remote)
     source = None if connect else source_class(source_config.kind)
     connected = source is None
     warehouse = Warehouse(config.warehouse, config.storage_options)
@@ -86,7 +87,7 @@ def open_source(name: str, config_path: str | None = None, connect: bool = True,
             name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
         record = tables.upstream_record() if connected else None
         yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
-                            record.base if record else Frontier(), options)
+                            record.base if record else Frontier(), options, config.spark_remote)
     finally:
         if connected:
             source.close()

@@ -126,7 +126,7 @@ def publish_as_of(target: str, sql: str, names: list[str], config_path: str | No
     from pyspark.sql import functions as F
 
     from .spark_session import get_spark
-    from .warehouse import Warehouse
+    from .warehouse import Warehouse, is_delta_table
 
     config = load_config(config_path)
     if target in config.sources:
@@ -136,13 +136,11 @@ def publish_as_of(target: str, sql: str, names: list[str], config_path: str | No
         return {"target": target, "as_of": None, "rows": 0, "why": f"no IntoTime is readable in all of {names}"}
     t = upper - 1
     spark = spark or get_spark(config.spark_master, f"reclock-as-of-{target}", s3=config.warehouse.startswith("s3"),
-                               conf=config.spark_conf)
+                               conf=config.spark_conf, remote=config.spark_remote)
     rows = query_as_of(spark, sql, t, names, config_path).withColumn(AS_OF_COLUMN, F.lit(t).cast("long"))
     uri = Warehouse(config.warehouse, config.storage_options).spark_uri(target)
-    from delta.tables import DeltaTable
-
     writer = rows.write.format("delta")
-    if DeltaTable.isDeltaTable(spark, uri):
+    if is_delta_table(spark, uri):
         writer = writer.mode("overwrite").option("replaceWhere", f"{AS_OF_COLUMN} = {t}")
     writer.save(uri)
     count = spark.read.format("delta").load(uri).where(F.col(AS_OF_COLUMN) == t).count()

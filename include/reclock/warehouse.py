@@ -1,6 +1,8 @@
 """Delta Lake storage of each source: ``<root>/<name>/remap`` and ``<root>/<name>/reclocked``.
 
-Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`).
+Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`), through the
+DataFrame API and Delta's SQL (CREATE TABLE, OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``,
+which needs Delta's own plugin on a Spark Connect server.
 Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
 writes), so it commits atomically with the rows it describes and survives overwrites:
 
@@ -139,22 +141,40 @@ def dead_letter_schema(partition_type: pa.DataType, offset_type: pa.DataType = o
 
 
 def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
-    """Create the Delta table at ``uri`` with ``schema`` unless it exists (delta-spark).
+    """Create the Delta table at ``uri`` with ``schema`` unless it exists (Delta's ``CREATE TABLE IF NOT EXISTS``,
+    SQL: the same on a Spark Connect session as on a local one).
 
     Two steps creating it at once (racing first ticks): the loser's Delta error is dropped once the
     winner's table exists (within ~10 s); callers check the schema it was created with.
     """
-    from delta.tables import DeltaTable as SparkDeltaTable
-
+    columns = ", ".join(f"{_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                        for f in spark_schema(schema).fields)
     try:
-        (SparkDeltaTable.createIfNotExists(spark).location(_spark_uri(uri)).addColumns(spark_schema(schema))
-         .comment(name).execute())
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {_delta_path(uri)} ({columns}) USING delta COMMENT {_sql_string(name)}")
     except Exception:
         for _ in range(20):  # the winner may not have committed its first version yet
-            if SparkDeltaTable.isDeltaTable(spark, _spark_uri(uri)):
+            if is_delta_table(spark, uri):
                 return
             time.sleep(0.5)
         raise
+
+
+def is_delta_table(spark, uri: str) -> bool:
+    """Whether Spark reads a Delta table at ``uri``."""
+    try:
+        spark.read.format("delta").load(_spark_uri(uri)).schema
+        return True
+    except Exception:
+        return False
+
+
+def _delta_path(uri: str) -> str:
+    """The SQL name of the Delta table at ``uri``: ``delta.`<uri as Spark spells it>```."""
+    return f"delta.{_identifier(_spark_uri(uri))}"
+
+
+def _identifier(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def spark_frame(spark, rows: pa.Table, schema: pa.Schema):
@@ -854,17 +874,13 @@ class SourceTables:
 
     def _optimize(self, kind: Kind) -> None:
         """Merge small files (Delta OPTIMIZE; it commits only when there are files to merge)."""
-        from delta.tables import DeltaTable as SparkDeltaTable
-
-        SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).optimize().executeCompaction()
+        self.spark.sql(f"OPTIMIZE {_delta_path(self.table_uri(kind))}")
 
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
         """Delete files removed more than ``retention_hours`` ago, rounded up to whole hours (Delta VACUUM
         rounds its retention to whole hours: 0.4 h would keep nothing)."""
-        from delta.tables import DeltaTable as SparkDeltaTable
-
         with _conf(self.spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"):
-            SparkDeltaTable.forPath(self.spark, self.spark_uri(kind)).vacuum(float(math.ceil(retention_hours)))
+            self.spark.sql(f"VACUUM {_delta_path(self.table_uri(kind))} RETAIN {math.ceil(retention_hours)} HOURS")
 
     def _consolidate_remap(self, since: int) -> bool:
         """Rewrite remap rows at or before ``since`` as one row per partition at ``since``; False if already so.

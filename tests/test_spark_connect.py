@@ -1,0 +1,195 @@
+"""A long-lived Spark: every step of a Kafka source over a Spark Connect server (the config's ``spark.remote``),
+in a process that starts no JVM, and the DAG's Connect path (no spark-submit) under Airflow's dag.test().
+
+Clients of the server run in subprocesses: this process has the local ``spark`` session, and PySpark cannot
+hold a Connect session beside it (README: A long-lived Spark)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow_env import DAGS_FOLDER, airflow_env, prepare_home, run_python
+from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
+from conftest import engine_rows, reclocked_rows, write_config, write_sources_config
+
+from devtools.kafka_broker import produce
+from reclock import pipeline
+
+pytestmark = pytest.mark.slow
+
+# In the subprocess: every step at IntoTime NOW over the server, and what the process holds afterwards.
+RUN_ONCE = """
+from pyspark import SparkContext
+from reclock import pipeline
+from reclock.spark_session import is_remote
+steps = [pipeline.run_once(NAME, CONFIG, now=now) for now in NOWS]
+with pipeline.open_source(NAME, CONFIG, spark=True) as ctx:
+    remote = is_remote(ctx.spark)
+emit({"steps": steps, "remote": remote, "local_jvm": SparkContext._active_spark_context is not None})
+"""
+
+
+def remote_config(tmp_path, kafka_broker, topic: str, url: str) -> str:
+    config = write_config(tmp_path, kafka_broker, {"orders": topic})
+    doc = yaml.safe_load(Path(config).read_text())
+    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"remote": url}}))
+    return config
+
+
+def test_kafka_run_once_over_spark_connect(spark_connect, kafka_broker, kafka_topic, tmp_path):
+    topic = kafka_topic(partitions=3, prefix="connect")
+    config = remote_config(tmp_path, kafka_broker, topic, spark_connect)
+    produce(kafka_broker, topic, [(f"u{i}", f"a{i}", i % 3) for i in range(9)])
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = run_python(f"CONFIG, NAME, NOWS = {config!r}, 'orders', [1000]\n" + RUN_ONCE, env, timeout=600)
+    produce(kafka_broker, topic, [(f"u{i}", f"b{i}", i % 3) for i in range(30)])
+    second = run_python(f"CONFIG, NAME, NOWS = {config!r}, 'orders', [2000, 3000]\n" + RUN_ONCE, env, timeout=600)
+
+    assert first["remote"] and not first["local_jvm"], first["output"][-3000:]
+    assert second["remote"] and not second["local_jvm"], second["output"][-3000:]
+    [one], [two, idle] = first["steps"], second["steps"]
+    assert one["tick"]["frontier"] == {"0": 3, "1": 3, "2": 3} and one["stage"]["staged_rows"] == 9
+    assert two["tick"]["frontier"] == {"0": 13, "1": 13, "2": 13} and two["stage"]["staged_rows"] == 30
+    assert idle["tick"]["new_offsets"] == 0 and idle["stage"]["staged_rows"] == 0
+    assert all(run["publish"]["published"] for run in (one, two))
+    assert idle["publish"]["reclocked_upper"] == 3001
+    expected = engine_rows("orders", config)
+    assert [r[3] for r in expected].count(2_000) == 30 and len(expected) == 39
+    assert reclocked_rows("orders", config) == expected
+
+
+def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
+    """A files source is read by the "reclock" Python data source: over Connect, registered from the client and
+    run by the server's Python workers, which import reclock."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.log").write_bytes(b"a1\na2\n")
+    (root / "b.log").write_bytes(b"b1\nb2 partial")
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "*.log"}))
+    edit = yaml.safe_load(Path(config).read_text())
+    Path(config).write_text(yaml.safe_dump({**edit, "spark": {"remote": spark_connect}}))
+    result = run_python(f"CONFIG, NAME, NOWS = {config!r}, 'logs', [1000]\n" + RUN_ONCE,
+                        {**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=600)
+    assert result["remote"] and not result["local_jvm"], result["output"][-3000:]
+    [run] = result["steps"]
+    assert run["stage"]["staged_rows"] == 3 and run["publish"]["published"]
+    with pipeline.open_source("logs", config) as ctx:
+        rows = ctx.tables.read_reclocked_arrow().to_pylist()
+    assert sorted((r["line"], r["offset"], r["into_time"], r["diff"]) for r in rows) == [
+        ("a1", 0, 1000, 1), ("a2", 3, 1000, 1), ("b1", 0, 1000, 1)]
+
+
+# Over Connect, a Spark job's failure comes back as a gRPC error: the compare-and-append guard and a worker's
+# SourceError must still be recognized in it.
+GUARDS = """
+from pyspark.sql import functions as F
+from reclock.spark_session import get_spark
+from reclock.spark_source import source_error, worker_source_error
+from reclock.warehouse import ConcurrentWriteError, compare_and_append, create_table, remap_schema, spark_frame
+import pyarrow as pa
+spark = get_spark(remote=URL)
+schema = remap_schema(pa.int32())
+create_table(spark, TABLE, schema, "t_remap")
+rows = spark_frame(spark, pa.table({"partition": [0], "into_time": [1], "increment": [5]}), schema)
+compare_and_append(rows, TABLE, schema.names, "app", 1, None)
+try:
+    compare_and_append(rows, TABLE, schema.names, "app", 2, None)  # read before the first append: it moved
+    moved = None
+except ConcurrentWriteError as e:
+    moved = str(e)
+try:
+    spark.range(1).select(source_error(F.lit("orders: partition 3 offset 7 cannot be decoded"))).collect()
+    failed = None
+except Exception as e:
+    failed = worker_source_error(e)
+emit({"moved": moved, "failed": failed, "rows": spark.read.format("delta").load(TABLE).count()})
+"""
+
+
+def test_commit_races_and_source_errors_are_recognized_over_spark_connect(spark_connect, tmp_path):
+    code = f"URL, TABLE = {spark_connect!r}, {str(tmp_path / 'remap')!r}\n" + GUARDS
+    result = run_python(code, {**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=300)
+    assert result["moved"] and "another writer committed" in result["moved"], result["output"][-3000:]
+    assert result["failed"] == "orders: partition 3 offset 7 cannot be decoded"
+    assert result["rows"] == 1  # the refused append wrote nothing
+
+
+# The DAG as Airflow parses it with a Spark Connect server configured: which operator runs each Spark step.
+OPERATORS = """
+import os, sys
+from airflow.models import DagBag
+before = dict(os.environ)
+bag = DagBag(dag_folder=DAGS)
+assert not bag.import_errors, bag.import_errors
+emit({"operators": {dag_id: {t.task_id: type(t).__name__ for t in dag.tasks} for dag_id, dag in bag.dags.items()},
+      "side_effects": sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k)),
+      "imported": sorted({m.split(".")[0] for m in sys.modules if m.startswith(("pyspark", "great_expectations"))})})
+"""
+
+# dag.test() of the source's DAG in this one process: which tasks ran, and whether any started a JVM here.
+DAG_TEST = """
+import os
+from airflow.models import DagBag
+from pyspark import SparkContext
+dag = DagBag(dag_folder=DAGS).dags["reclock_orders"]
+dag_run = dag.test()
+emit({"state": str(dag_run.state), "tasks": {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()},
+      "local_jvm": SparkContext._active_spark_context is not None,
+      "connect_mode": "SPARK_CONNECT_MODE_ENABLED" in os.environ})
+"""
+
+
+def test_the_dag_runs_its_spark_steps_over_spark_connect(spark_connect, kafka_broker, kafka_topic, tmp_path,
+                                                         airflow_db_template):  # noqa: F811
+    topic = kafka_topic(partitions=2, prefix="connect-dag")
+    config = remote_config(tmp_path, kafka_broker, topic, spark_connect)
+    env = prepare_home(tmp_path / "airflow", config=Path(config), db_template=airflow_db_template)
+    dags = f"DAGS = {str(DAGS_FOLDER)!r}\n"
+
+    parsed = run_python(dags + OPERATORS, env, timeout=300)
+    operators = parsed["operators"]
+    assert operators["reclock_orders"]["reclock"] == "_PythonDecoratedOperator", operators["reclock_orders"]
+    assert operators["reclock_backfill_orders"]["replay"] == "_PythonDecoratedOperator"
+    assert not any("SparkSubmit" in op for dag in operators.values() for op in dag.values())
+    assert parsed["side_effects"] == [] and parsed["imported"] == []  # parsing opens no session, imports no Spark
+    (tmp_path / "local").mkdir()
+    local = Path(write_config(tmp_path / "local", kafka_broker, {"orders": topic}))
+    without = run_python(dags + OPERATORS, airflow_env(tmp_path / "airflow", local), timeout=300)
+    assert without["operators"]["reclock_orders"]["reclock"] == "ReclockSparkSubmitOperator"  # no remote: spark-submit
+
+    produce(kafka_broker, topic, [(f"k{i}", f"v{i}", i % 2) for i in range(10)])
+    result = run_python(dags + DAG_TEST, env, timeout=900)
+    assert result["state"] == "success", result["output"][-4000:]
+    assert set(result["tasks"]) == {"tick", "reclock", "check", "publish", "resume", "compact"}
+    assert set(result["tasks"].values()) == {"success"}
+    assert result["connect_mode"] and not result["local_jvm"]  # every Spark step was a Connect client
+    assert reclocked_rows("orders", config) == engine_rows("orders", config)
+    assert sorted(r[0] for r in reclocked_rows("orders", config)) == sorted(f"v{i}" for i in range(10))
+
+
+def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_conf(tmp_path):
+    """``python -m reclock.spark_session --print``: how production starts the server (README: A long-lived Spark)."""
+    import shlex
+    import subprocess
+
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(tmp_path)}))
+    doc = yaml.safe_load(Path(config).read_text())
+    s3a = {"spark.hadoop.fs.s3a.endpoint": "http://s3:9000"}
+    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"conf": s3a}}))
+    command = [sys.executable, "-m", "reclock.spark_session", "--print", "--port", "15002", "--config", config]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    words = shlex.split(out)
+    env = dict(w.split("=", 1) for w in words[:3])
+    argv = words[3:]
+    conf = dict(argv[i + 1].split("=", 1) for i, w in enumerate(argv) if w == "--conf")
+    assert argv[0].endswith("pyspark/bin/spark-submit") and argv[-1] == "spark-internal"
+    assert argv[argv.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
+    assert any("delta-spark_4.1_2.13" in jar for jar in conf["spark.jars"].split(","))
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.connect.grpc.binding.port"] == "15002" and conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://s3:9000"  # the server's business, not a session's
+    assert conf["spark.pyspark.python"] == env["PYSPARK_PYTHON"] == sys.executable
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(pipeline.__file__).parent.parent)  # reclock's include/
