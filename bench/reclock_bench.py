@@ -30,6 +30,7 @@ inflates them, so the header and footer print the load average.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -197,12 +198,12 @@ def bound_offsets(name: str, config: str, into_time: int) -> dict[int, tuple[int
 
 
 class Bench:
-    def __init__(self, args, workdir: Path, bootstrap: str, spark) -> None:
+    def __init__(self, args, workdir: Path, bootstrap: str, spark, driver: int | None) -> None:
         self.args, self.workdir, self.bootstrap, self.spark = args, workdir, bootstrap, spark
         self.config = workdir / "sources.yaml"
         self.sources: dict[str, tuple[str, int]] = {}  # name -> (topic, partitions)
         self.produced: dict[str, int] = {}
-        self.pids = {"driver": driver_pid(spark), "python": os.getpid()}
+        self.pids = {"driver": driver, "python": os.getpid()}
 
     def add_source(self, name: str, partitions: int) -> str:
         topic = f"bench-{name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
@@ -388,6 +389,8 @@ def parse_args(argv=None):
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument("--spark-remote", default=None, help="a Spark Connect URL (sc://host:port) to run on")
+    parser.add_argument("--connect", action="store_true",
+                        help="start a local Spark Connect server (devtools.spark_connect) and run everything on it")
     parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow")
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS})")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
@@ -411,12 +414,20 @@ def main(argv=None) -> int:
           f"master={args.spark_remote or args.spark_master} cpus={os.cpu_count()} load average {load()}\n"
           f"work dir: {workdir}", flush=True)
     try:
-        with LocalBroker() as broker:
+        with LocalBroker() as broker, contextlib.ExitStack() as stack:
             from reclock.spark_session import get_spark
 
-            spark, results["spark_start_s"] = timed(get_spark, args.spark_remote or args.spark_master, "reclock-bench")
+            server = None
+            if args.connect:
+                from devtools.spark_connect import LocalSparkConnect
+
+                server, results["connect_server_start_s"] = timed(lambda: stack.enter_context(
+                    LocalSparkConnect(master=args.spark_master)))
+                args.spark_remote = server.url
+            spark, results["spark_start_s"] = timed(get_spark, args.spark_master, "reclock-bench",
+                                                    remote=args.spark_remote)
             try:
-                bench = Bench(args, workdir, broker.bootstrap, spark)
+                bench = Bench(args, workdir, broker.bootstrap, spark, server.pid if server else driver_pid(spark))
                 results["warmup_s"] = bench.warmup()
                 print(f"Spark session start {results['spark_start_s']:.1f}s; warm-up run (not in the figures) "
                       f"{results['warmup_s']:.1f}s", flush=True)
