@@ -746,6 +746,8 @@ def test_dags_parse_with_the_compose_environment(tmp_path, airflow_vars):
     keep_local = {"AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"}
     env.update({k: v for k, v in config_env(airflow_vars).items() if k not in keep_local})
+    assert env["RECLOCK_SPARK_REMOTE"] == "sc://spark-connect:15002"  # compose runs the steps over Spark Connect
+    env["RECLOCK_SPARK_REMOTE"] = ""  # turned off (compose's SPARK_REMOTE_URL=""): the spark-submit path below
     result = run_python(f"DAGS = {str(DAGS_FOLDER)!r}\n" + DESCRIBE, env, timeout=300)
     assert result["errors"] == {}, result["errors"]
     assert sorted(result["dags"]) == ["reclock_clicks", "reclock_orders", "reclock_pg_orders"]
