@@ -45,7 +45,7 @@ def reclocked_asset(config: Config, name: str):
     """The Asset of source ``name``'s reclocked table."""
     from airflow.sdk import Asset
 
-    from .warehouse import Warehouse
-
-    uri = f"{Warehouse(config.warehouse).source_uri(name)}/reclocked"
+    # config.warehouse is resolved already (an absolute path or a URI): Warehouse(...).source_uri(name) without
+    # importing the warehouse module (pyarrow.dataset, pandas) when a DAG file is parsed
+    uri = f"{config.warehouse.rstrip('/')}/{name}/reclocked"
     return Asset(uri=uri if "://" in uri else f"file://{uri}", name=f"reclock_{name}_reclocked", group="reclock")
