@@ -584,11 +584,7 @@ def test_spark_connect_server_command(monkeypatch, tmp_path, svc):
     from reclock.spark_session import jars_dir, session_conf
 
     launcher = connect_launcher()
-    for key in list(os.environ):
-        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
-            monkeypatch.delenv(key)
-    for key, value in config_env(svc["spark-connect"]["environment"]).items():
-        monkeypatch.setenv(key, value)
+    use_connect_service_env(monkeypatch, svc)
     monkeypatch.setenv("RECLOCK_SPARK_JARS", str(jars_dir()))
     monkeypatch.setenv("RECLOCK_SPARK_S3_JARS", str(jars_dir().parent / "spark-s3"))
     # No plugin jar: it fails before starting, naming the folder (the image build runs --print).
@@ -654,11 +650,7 @@ def test_connect_server_serves_delta_tables(monkeypatch, tmp_path, svc):
     from reclock.spark_session import jars_dir
 
     launcher = connect_launcher()
-    for key in list(os.environ):
-        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
-            monkeypatch.delenv(key)
-    for key, value in config_env(svc["spark-connect"]["environment"]).items():
-        monkeypatch.setenv(key, value)
+    use_connect_service_env(monkeypatch, svc)
     # This machine instead of the compose network: a local master, a local warehouse, this host as driver.
     monkeypatch.setenv("RECLOCK_SPARK_MASTER", "local[1]")
     monkeypatch.setenv("RECLOCK_WAREHOUSE", str(tmp_path / "warehouse"))
@@ -736,6 +728,16 @@ for dag_id, dag in bag.dags.items():
                     "master": spark._get_hook()._connection["master"]}
 emit({"dags": dags, "errors": bag.import_errors})
 """
+
+
+def use_connect_service_env(monkeypatch, svc) -> None:
+    """This process's environment as the compose spark-connect service's (none of this machine's reclock,
+    AWS, S3, Spark or Kafka variables)."""
+    for key in list(os.environ):
+        if key.startswith(("RECLOCK_", "AWS_", "S3_", "SPARK_", "KAFKA_")):
+            monkeypatch.delenv(key)
+    for key, value in config_env(svc["spark-connect"]["environment"]).items():
+        monkeypatch.setenv(key, value)
 
 
 def test_dags_parse_with_the_compose_environment(tmp_path, airflow_vars):
