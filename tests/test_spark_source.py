@@ -296,6 +296,20 @@ def test_python_read_dead_letters_what_its_source_cannot_decode(spark, tmp_path)
     assert empty.count() == 0
 
 
+def test_files_are_not_cut_inside_a_line(spark, tmp_path, monkeypatch):
+    """A file's binding wider than a read task (``MAX_TASK_OFFSETS``) is read whole: a cut at a byte inside a line
+    would fail the read ("not the start of a line"); every line once, with its binding's IntoTime."""
+    from reclock.sources.files import fingerprint
+
+    lines = [f"line {i:04d}\n".encode() for i in range(40)]  # 10 bytes each
+    (tmp_path / "a.log").write_bytes(b"".join(lines))
+    a, spec = fingerprint(lines[0]), {"kind": "files", "url": str(tmp_path)}
+    monkeypatch.setattr(spark_source, "MAX_TASK_OFFSETS", 7)  # every cut of the old segmentation inside a line
+    rows = read_ranges(spark, spec, [(5, a, 0, 250), (6, a, 250, 400)]).collect()
+    assert sorted((r["offset"], r["line"], r["into_time"]) for r in rows) == [
+        (10 * i, f"line {i:04d}", 5 if i < 25 else 6) for i in range(40)]
+
+
 def reference_rows_for(source, ranges) -> list[tuple]:
     """Each range read record by record, stamped with its IntoTime."""
     return by_position((d["key"], d["value"], d["timestamp_ms"], p, o, t, diff)

@@ -105,6 +105,9 @@ class FileSource:
     partition_type = pa.string()
     data_schema = pa.schema([pa.field("line", pa.string())])
     reads_bad_records = True  # read(..., on_bad_record="dead_letter") yields a BadRecord for a line not in encoding
+    #: One Spark read task per file and window: a task reads the lines that start in its byte range from a line
+    #: start (:meth:`read`), and only a binding's bounds are known to be line starts, not a cut in between.
+    max_task_offsets = None
 
     def __init__(self, url: str, pattern: str = "*", encoding: str = "utf-8",
                  storage_options: Mapping[str, Any] | None = None, committed_path: str | None = None,
