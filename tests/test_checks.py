@@ -304,7 +304,7 @@ def test_primary_keys_not_recorded_fail(spark):
 
 def test_checks_run_through_the_sources_checkpoints(tmp_path, monkeypatch):
     """A source's context is made from the project's suites; each kind runs through its checkpoint, whose results go
-    to GX's validation results store and whose Data Docs site is rebuilt on every run (the last KEEP_RUNS kept)."""
+    to GX's validation results store and whose Data Docs site is rebuilt after every run (the last KEEP_RUNS kept)."""
     import json
 
     from reclock import gx_context
@@ -332,6 +332,27 @@ def test_checks_run_through_the_sources_checkpoints(tmp_path, monkeypatch):
     runs = sorted((root / "uncommitted" / "validations" / "remap" / "__none__").iterdir())
     assert len(runs) == 2 and runs[0].name == stored[1].parent.name  # the oldest result is gone
     assert not (root / "uncommitted" / "data_docs" / "local_site" / good.docs[0]).exists()
+
+
+def test_docs_once_builds_the_site_once_for_a_steps_runs(tmp_path):
+    """Inside ``docs_once`` (a check step) the runs' pages and the index are built once, when the block ends, and
+    then hold every run of it, a failed one too; outside it each run builds its own."""
+    from reclock import gx_context
+
+    root = tmp_path / "gx"
+    site = root / "uncommitted" / "data_docs" / "local_site"
+    context = gx_context.Context(str(root), "orders")
+    builds = []
+    build = context.gx.build_data_docs
+    context.gx.build_data_docs = lambda **kw: builds.append(kw["resource_identifiers"]) or build(**kw)
+    with context.docs_once():
+        good = check_remap(remap_frame(), gx=context)
+        bad = check_remap(remap_frame(extra=[(1, 20, -1)]), gx=context)
+        assert builds == [] and not (site / "index.html").exists()
+    assert len(builds) == 1 and good.success and not bad.success
+    assert all((site / page).is_file() for page in good.docs + bad.docs)
+    check_remap(remap_frame(), gx=context)
+    assert len(builds) == 2
 
 
 def test_a_half_written_context_is_made_again(tmp_path, caplog):

@@ -13,9 +13,11 @@ which :func:`open_context` makes a GX *file* Data Context: ``great_expectations.
 project, the suites copied from it on every run (the repository stays their source of truth), and per check
 kind a validation definition and a checkpoint named ``<source>.<kind>`` (created idempotently) on a whole
 dataframe batch (pandas for small frames, Spark for the consolidated histories).  A run stores its validation
-result in GX's validation results store (``uncommitted/validations/``) and its checkpoint's
-``UpdateDataDocsAction`` rebuilds the Data Docs site (``uncommitted/data_docs/local_site/index.html``).  The
-stores keep the last :data:`KEEP_RUNS` results per suite (older ones, and their pages, are removed).
+result in GX's validation results store (``uncommitted/validations/``), and the Data Docs site
+(``uncommitted/data_docs/local_site/index.html``) gets the run's page and a new index: after each run, or once
+for all the runs of a block :meth:`Context.docs_once` (a check step's runs: GX renders the index, compiling its
+templates, once per build, ~0.5 s).  The stores keep the last :data:`KEEP_RUNS` results per suite (older ones,
+and their pages, are removed).
 
 A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  GX writes
 its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
@@ -84,6 +86,7 @@ class Context:
             shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
             self.gx = gx.get_context(mode="file", context_root_dir=self.root)
         self._checkpoints: dict[str, Any] = {}
+        self._pending_docs: list | None = None  # inside docs_once: the resources whose pages are still to build
 
     @property
     def docs_dir(self) -> str:
@@ -121,8 +124,7 @@ class Context:
         result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5,
                          "unexpected_index_column_names": list(index)}
         checkpoint = self.gx.checkpoints.add_or_update(gx.Checkpoint(
-            name=name, validation_definitions=[definition], result_format=result_format,
-            actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[SITE])]))
+            name=name, validation_definitions=[definition], result_format=result_format, actions=[]))
         return checkpoint
 
     def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
@@ -134,9 +136,33 @@ class Context:
         result = self.checkpoint(kind, engine, index).run(batch_parameters={"dataframe": frame},
                                                           expectation_parameters=dict(params))
         (identifier, validation), = result.run_results.items()
+        self._docs([identifier, _suite_identifier(kind)])
         order = {e.meta.get("check"): i for i, e in enumerate(self.gx.suites.get(kind).expectations)}
         results = sorted(validation.results, key=lambda r: order.get((r.expectation_config.meta or {}).get("check"), 0))
         return Run(bool(validation.success), results, self._page(identifier))
+
+    @contextlib.contextmanager
+    def docs_once(self):
+        """Build the Data Docs of every run inside the block once, when it ends (even when a run failed)."""
+        outer, self._pending_docs = self._pending_docs, []
+        try:
+            yield self
+        finally:
+            pending, self._pending_docs = self._pending_docs, outer
+            if outer is not None:
+                outer.extend(pending)
+            elif pending:
+                self._build(pending)
+
+    def _docs(self, resources: list) -> None:
+        if self._pending_docs is None:
+            self._build(resources)
+        else:
+            self._pending_docs.extend(resources)
+
+    def _build(self, resources: list) -> None:
+        """The pages of ``resources`` (validation results, suites) and the site's index."""
+        self.gx.build_data_docs(site_names=[SITE], resource_identifiers=resources, build_index=True)
 
     def _page(self, identifier) -> str | None:
         for site in self.gx.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE]):
@@ -168,6 +194,12 @@ def _install(root: str) -> None:
         if not os.path.exists(target) or Path(target).read_bytes() != suite.read_bytes():
             shutil.copyfile(suite, target + ".tmp")
             os.replace(target + ".tmp", target)
+
+
+def _suite_identifier(kind: str):
+    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+
+    return ExpectationSuiteIdentifier(name=kind)
 
 
 def _batch_definition(context, engine: str, kind: str):

@@ -14,8 +14,8 @@ Options of the "reclock" data source (strings, as every Spark option):
 * ``on_bad_record``: optional, ``fail`` (the default) or ``dead_letter`` (below).
 
 Contiguous ranges of one partition are coalesced into read tasks of at most
-``MAX_TASK_OFFSETS`` offsets (:func:`segments`; a source may declare its own ``max_task_offsets``, None for files, whose tasks must start on a line,
-None for sparse gauges such as Kinesis sequence numbers), so replaying many bindings costs one read
+``MAX_TASK_OFFSETS`` offsets (:func:`segments`; a source may declare its own ``max_task_offsets``, None for files (a task starts on a line)
+and for sparse gauges such as Kinesis sequence numbers), so replaying many bindings costs one read
 per partition chunk, not one Spark task per binding.  Each task builds its own source from
 the spec, reads ``start <= offset < end`` once, stamps each record with the IntoTime of the
 range it falls in, and yields Arrow batches with the columns
