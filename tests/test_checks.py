@@ -145,6 +145,11 @@ def test_missing_column_fails_with_the_error(spark):
 @pytest.mark.slow
 def test_empty_window_holds_no_records(spark):
     assert check_reclocked(spark_batch(spark, []), REMAP, start=REMAP.upper).success
+    # A batch known to be empty (its footers) is not collected: the same report, but for the run's Data Docs page.
+    collected, known = (check_reclocked(spark_batch(spark, []), REMAP, start=REMAP.upper, empty=empty)
+                        for empty in (False, True))
+    assert known.summary() == collected.summary() and [r.observed for r in known.results] == [
+        r.observed for r in collected.results]
     assert check_reclocked(spark_batch(spark), REMAP, start=REMAP.upper).failed == ["reclocked.in_window"]
 
 

@@ -161,19 +161,21 @@ def _int64_or_sign(sums: pd.Series) -> pd.Series:
 
 
 def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_unique: bool = True,
-                    gx=None) -> CheckReport:
+                    gx=None, empty: bool = False) -> CheckReport:
     """Check a staged reclocked batch (a Spark DataFrame with partition, offset, into_time, diff), aggregated in
     Spark (module docstring): nothing of the batch is collected but a few rows per (partition, binding).
 
     ``start``: first IntoTime of the pending window: every record must lie in ``[start, remap.upper)`` (nothing
     already published is staged again); None: below ``remap.upper`` only.
     ``offsets_unique``: one record per offset (Kafka), so ``(partition, offset)`` is a key.
+    ``empty``: the batch is known to have no rows (its files' footers say so): its aggregates are the empty frames of
+    their schemas, with no Spark job (a tick with no new records).
     """
     from pyspark.sql import functions as F
 
     zero = F.coalesce(F.col("diff") == 0, F.lit(False))
     frame = _small_frame(_by_binding(batch, remap, {
-        "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}))
+        "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}), empty)
     params = _window(remap, start)
     runs = [_run(gx, "reclocked", frame, ["partition", "into_time"], params, {
         "reclocked.stamped": _unstamped,
@@ -182,7 +184,7 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
         "reclocked.diff_non_zero": _counted("zero_diffs", "first_zero_diff"),
         "reclocked.in_window": _outside(params)})]
     if offsets_unique:
-        keys = _small_frame(_duplicates(batch))
+        keys = _small_frame(_duplicates(batch), empty)
         runs.append(_run(gx, "reclocked_keys", keys, ["partition"], params, {
             "reclocked.offsets_unique": _duplicate_keys(batch, keys)}))
     return _report("reclocked batch", _records(frame), runs)
@@ -368,10 +370,11 @@ def _window(remap: Remap, start: int | None) -> dict[str, Any]:
             "start": start, "upto": remap.upper - 1}
 
 
-def _small_frame(df) -> pd.DataFrame:
-    """A small Spark DataFrame (an aggregate) as pandas, integers as nullable Int64 (Python ints in samples)."""
+def _small_frame(df, empty: bool = False) -> pd.DataFrame:
+    """A small Spark DataFrame (an aggregate) as pandas, integers as nullable Int64 (Python ints in samples);
+    ``empty``: known to have no rows, not collected."""
     names = df.columns
-    frame = pd.DataFrame.from_records([tuple(r) for r in df.collect()], columns=names)
+    frame = pd.DataFrame.from_records([] if empty else [tuple(r) for r in df.collect()], columns=names)
     for f in df.schema.fields:
         if f.dataType.typeName() in ("long", "integer", "short", "byte"):
             frame[f.name] = frame[f.name].astype("Int64")

@@ -543,7 +543,8 @@ def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) 
 
     start, upto = window
     batch = ctx.tables.read_staged_spark(upto)
-    results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx)}
+    results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx,
+                                            empty=ctx.tables.staged_rows(upto) == 0)}
     if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
         results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
     if not ctx.config.offsets_unique:  # records are diffs

@@ -655,8 +655,7 @@ class SourceTables:
             self._typed(dead_letters, "dead_letter").write.parquet(self._spark_path(f"{attempt}/{STAGED_DEAD_LETTERS}"))
             writer = writer.mode("append")  # into the attempt directory the dead letters created
         writer.parquet(self._spark_path(attempt))
-        fs = self._fs()
-        return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
+        return self.staged_rows(upto)
 
     def _typed(self, df, kind: Kind):
         """``df``'s columns of table ``kind``, cast to its types."""
@@ -739,6 +738,12 @@ class SourceTables:
         paths = [i.path for i in _parquet_files(fs, attempt)]
         schema = self.schemas["reclocked"]
         return pads.dataset(paths, schema=schema, filesystem=fs, format="parquet").to_table().to_pandas()
+
+    def staged_rows(self, upto: int) -> int:
+        """The rows of the latest complete staged attempt for ``upto``, from its files' footers (no Spark job)."""
+        fs = self._fs()
+        _, attempt = self._attempts(fs, upto)
+        return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
 
     def read_staged_spark(self, upto: int, spark=None):
         """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
