@@ -341,6 +341,15 @@ def test_spark_range_rows_and_spans():
         spark_range_rows("t", [(1, 0, 0, 3), (2, 0, 1, 2)])
 
 
+@pytest.mark.parametrize("config, wait", [({}, "10"), ({"fetch.wait.max.ms": 200}, "200")])
+def test_spark_reads_do_not_wait_at_the_log_end(kafka_broker, config, wait):
+    """Spark's reads fetch with a short ``fetch.max.wait.ms`` (a span ends at the log end, where the Java client's
+    default 500 ms is paid by every task), unless the source's config sets librdkafka's ``fetch.wait.max.ms``."""
+    spec = {"kind": "kafka", "bootstrap_servers": kafka_broker, "topic": "t", "group_id": "g", "config": config}
+    with build_source(spec) as source:
+        assert source.spark_options({0: (0, 5)})["kafka.fetch.max.wait.ms"] == wait
+
+
 def test_spark_client_options(kafka_broker):
     certifi = pytest.importorskip("certifi")  # a real PEM file: librdkafka loads it when the client is made
     ca = certifi.where()

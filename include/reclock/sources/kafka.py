@@ -425,11 +425,17 @@ class KafkaSource:
         (``kafkaConsumer.pollTimeoutMs``: a poll returning nothing fails the task), and a partition's
         span is cut into tasks of at most :data:`~reclock.spark_source.MAX_TASK_OFFSETS` offsets,
         as the per-record reader does.  ``config`` is translated by :func:`spark_client_options`.
+
+        ``kafka.fetch.max.wait.ms`` is :data:`SPARK_FETCH_MAX_WAIT_MS` unless ``config`` sets ``fetch.wait.max.ms``:
+        a task's span usually ends at the log end (a tick binds the high watermark), where the Java consumer's
+        fetch waits that long for records that are not coming; at Kafka's default (500 ms) that cost every task
+        ~0.5 s (a tick over 64 partitions of 100K records read in 17.5 s, against 2.1 s at 10 ms).
         """
         from ..spark_source import MAX_TASK_OFFSETS
 
         partitions = sorted(spans)
         return {
+            "kafka.fetch.max.wait.ms": str(SPARK_FETCH_MAX_WAIT_MS),
             **spark_client_options(self.config),
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "kafka.isolation.level": self.isolation_level,
@@ -599,6 +605,8 @@ def partition_spans(rows: Iterable[tuple[int, int, int, int]]) -> dict[int, tupl
 
 
 #: librdkafka properties that mean the same to the Java client of Spark's Kafka source.
+#: Spark's reads' ``fetch.max.wait.ms`` (:meth:`KafkaSource.spark_options`); a source's ``fetch.wait.max.ms`` wins.
+SPARK_FETCH_MAX_WAIT_MS = 10
 SPARK_SAME_PROPERTIES = frozenset({
     "client.id", "client.rack", "security.protocol", "sasl.mechanism", "sasl.kerberos.service.name",
     "fetch.min.bytes", "fetch.max.bytes", "max.partition.fetch.bytes", "reconnect.backoff.ms",
