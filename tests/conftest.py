@@ -102,14 +102,21 @@ def stage_parquet(tables, upto: int, rows: list[dict], schema=None) -> str:
     return directory
 
 
-def write_config(tmp_path, bootstrap, topics, **options):
-    """A sources file with one Kafka source per topic (``options`` added to each), warehouse under tmp_path."""
+def spark_settings(remote: str | None = None) -> dict:
+    """The sources file's ``spark``: a local master, or the Spark Connect server ``remote`` (the ``spark_connect``
+    fixture's URL: its steps then run as Connect clients, and must run in subprocesses of the test)."""
+    return {"master": "local[2]"} if remote is None else {"remote": remote}
+
+
+def write_config(tmp_path, bootstrap, topics, spark_remote: str | None = None, **options):
+    """A sources file with one Kafka source per topic (``options`` added to each), warehouse under tmp_path;
+    ``spark_remote``: see :func:`spark_settings`."""
     import yaml
 
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump({
         "warehouse": str(tmp_path / "warehouse"),
-        "spark": {"master": "local[2]"},
+        "spark": spark_settings(spark_remote),
         "sources": [{"name": name, "kind": "kafka", "retention_ms": 10_000,
                      "options": {"bootstrap_servers": bootstrap, "topic": topic, "group_id": f"g-{topic}", **options}}
                     for name, topic in topics.items()],
@@ -117,14 +124,15 @@ def write_config(tmp_path, bootstrap, topics, **options):
     return str(path)
 
 
-def write_sources_config(tmp_path, *sources, retention_ms=2_500):
-    """A sources file with the given ``(name, kind, options)`` sources, warehouse under tmp_path."""
+def write_sources_config(tmp_path, *sources, retention_ms=2_500, spark_remote: str | None = None):
+    """A sources file with the given ``(name, kind, options)`` sources, warehouse under tmp_path; ``spark_remote``:
+    see :func:`spark_settings`."""
     import yaml
 
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump({
         "warehouse": str(tmp_path / "warehouse"),
-        "spark": {"master": "local[2]"},
+        "spark": spark_settings(spark_remote),
         "sources": [{"name": name, "kind": kind, "retention_ms": retention_ms, "options": options}
                     for name, kind, options in sources],
     }))

@@ -1,4 +1,7 @@
-"""Airflow's dag.test() runs the real pipeline: broker, spark-submit, Great Expectations, Delta."""
+"""Airflow's dag.test() runs the real pipeline: broker, Spark, Great Expectations, Delta.
+
+Its Spark steps are clients of the session's long-lived Spark Connect server (``spark_connect``), as the demo's
+and compose's are; a DAG whose reclock task is a spark-submit runs in tests/test_connections.py."""
 from __future__ import annotations
 
 import uuid
@@ -35,11 +38,11 @@ with dag:
 """
 
 
-def test_scheduled_dag_reclocks_and_a_failed_check_publishes_nothing(tmp_path, kafka_broker,
+def test_scheduled_dag_reclocks_and_a_failed_check_publishes_nothing(tmp_path, kafka_broker, spark_connect,
                                                                      airflow_db_template):  # noqa: F811
     topic = f"airflow-{uuid.uuid4().hex[:8]}"
     create_topic(kafka_broker, topic, partitions=2)
-    config = write_config(tmp_path, kafka_broker, {"events": topic})
+    config = write_config(tmp_path, kafka_broker, {"events": topic}, spark_remote=spark_connect)
     env = prepare_home(tmp_path / "airflow", config=config, db_template=airflow_db_template)
 
     produce(kafka_broker, topic, [(f"k{i}", f"v{i}", i % 2) for i in range(10)])

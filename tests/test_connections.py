@@ -11,7 +11,7 @@ import yaml
 
 from airflow_env import prepare_home, run, run_dag_test
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from conftest import reclocked_rows, run_cli
+from conftest import reclocked_rows, run_cli, spark_settings
 from devtools.airflow_home import AIRFLOW, kafka_connection, postgres_connection
 from devtools.kafka_broker import create_topic, produce
 from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (a session fixture)
@@ -23,9 +23,9 @@ from reclock.sources import SourceError
 PASSWORD = "pg-Secret-7f3a9c"  # the cluster trusts local connections: a password is passed, never needed
 
 
-def config_with(tmp_path, *sources) -> str:
+def config_with(tmp_path, *sources, spark_remote: str | None = None) -> str:
     path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({"warehouse": str(tmp_path / "warehouse"), "spark": {"master": "local[2]"},
+    path.write_text(yaml.safe_dump({"warehouse": str(tmp_path / "warehouse"), "spark": spark_settings(spark_remote),
                                     "sources": list(sources)}))
     return str(path)
 
@@ -133,13 +133,15 @@ def test_a_dag_reclocks_a_kafka_source_named_by_its_connection(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_a_dag_reclocks_a_postgres_source_named_by_a_connection_in_airflow(tmp_path, pg_cluster,  # noqa: F811
+def test_a_dag_reclocks_a_postgres_source_named_by_a_connection_in_airflow(tmp_path, pg_cluster, spark_connect,
                                                                            airflow_db_template):  # noqa: F811
     """dag.test() with the connection in Airflow's metadata DB (``airflow connections add``), not in the
-    environment: the tasks read it through Airflow's Connection API; its password is in no task's log."""
+    environment: the tasks read it through Airflow's Connection API; its password is in no task's log.  Every
+    Spark step is a client of a long-lived Spark Connect server (the snapshot's landing and the changes read by
+    reclock's Python data source on the server's workers, the history and primary-key checks)."""
     with fresh_database(pg_cluster, "CREATE TABLE items (id int PRIMARY KEY, name text)",
                         "INSERT INTO items VALUES (1, 'a'), (2, 'b'), (3, 'c')") as dsn:
-        config = config_with(tmp_path, {**pg_entry(), "retention_ms": 10_000})
+        config = config_with(tmp_path, {**pg_entry(), "retention_ms": 10_000}, spark_remote=spark_connect)
         env = prepare_home(tmp_path / "airflow", config=Path(config), db_template=airflow_db_template)
         (conn_json,) = postgres_connection("reclock_pg", dsn, password=PASSWORD).values()
         run([AIRFLOW, "connections", "add", "reclock_pg", "--conn-json", conn_json], env, timeout=300)

@@ -33,10 +33,7 @@ emit({"steps": steps, "remote": remote, "local_jvm": SparkContext._active_spark_
 
 
 def remote_config(tmp_path, kafka_broker, topic: str, url: str) -> str:
-    config = write_config(tmp_path, kafka_broker, {"orders": topic})
-    doc = yaml.safe_load(Path(config).read_text())
-    Path(config).write_text(yaml.safe_dump({**doc, "spark": {"remote": url}}))
-    return config
+    return write_config(tmp_path, kafka_broker, {"orders": topic}, spark_remote=url)
 
 
 def test_kafka_run_once_over_spark_connect(spark_connect, kafka_broker, kafka_topic, tmp_path):
@@ -68,9 +65,8 @@ def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
     root.mkdir()
     (root / "a.log").write_bytes(b"a1\na2\n")
     (root / "b.log").write_bytes(b"b1\nb2 partial")
-    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "*.log"}))
-    edit = yaml.safe_load(Path(config).read_text())
-    Path(config).write_text(yaml.safe_dump({**edit, "spark": {"remote": spark_connect}}))
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "*.log"}),
+                                  spark_remote=spark_connect)
     result = run_python(f"CONFIG, NAME, NOWS = {config!r}, 'logs', [1000]\n" + RUN_ONCE,
                         {**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=600)
     assert result["remote"] and not result["local_jvm"], result["output"][-3000:]
