@@ -179,8 +179,15 @@ def stage_task(config: Config, source: SourceConfig):
     @task(task_id="reclock", **task_policy("reclock"))
     def reclock() -> dict:
         from reclock import pipeline
-        return pipeline.stage(name, config_path)
+        return _reported(pipeline.stage(name, config_path))
     return reclock()
+
+
+def _reported(result: dict) -> dict:
+    """A Spark step's result, printed to the task's log as the JSON line its spark-submit job prints
+    (spark_jobs/reclock_job.py), so a log reads the same over Spark Connect; returned for XCom."""
+    print(json.dumps(result))
+    return result
 
 
 def replay_task(config: Config, source: SourceConfig):
@@ -198,7 +205,7 @@ def replay_task(config: Config, source: SourceConfig):
         from reclock import backfill
         start, end = backfill.window_of_interval(round(data_interval_start.timestamp() * 1000),
                                                  round(data_interval_end.timestamp() * 1000))
-        return backfill.replay(name, config_path, start, end, mode=params["backfill_mode"])
+        return _reported(backfill.replay(name, config_path, start, end, mode=params["backfill_mode"]))
     return replay()
 
 

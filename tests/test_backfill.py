@@ -22,7 +22,7 @@ from reclock import cli
 from reclock.backfill import BackfillError, replay, window_of_interval
 from devtools.kafka_broker import create_topic, delete_records, free_port, produce
 from reclock.engine import Frontier
-from conftest import reclocked_rows, write_config
+from conftest import edit_config, reclocked_rows, spark_settings, write_config
 
 TIMES = [1_000, 2_000, 3_000, 4_000]  # one tick (with new records) per IntoTime
 
@@ -283,19 +283,26 @@ def wait_for_runs(services: AirflowServices, home: Path, dag_id: str, count: int
         time.sleep(2)
 
 
+def _event(line: dict) -> str:
+    """A task log line's message, with the exception's type and message when it has one (a Python task's failure)."""
+    errors = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in line.get("error_detail") or []]
+    return "\n".join([line.get("event", ""), *errors])
+
+
 def task_log(home: Path, dag_id: str, run_id: str, task_id: str) -> list[str]:
     """The events (messages) of a task's log: JSON lines, one per message."""
     paths = sorted((home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt=*.log"))
-    return [json.loads(line).get("event", "") for p in paths for line in p.read_text().splitlines() if line]
+    return [_event(json.loads(line)) for p in paths for line in p.read_text().splitlines() if line]
 
 
 @pytest.mark.slow
-def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark, tmp_path,
+def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark, spark_connect, tmp_path,
                                                             airflow_db_template):  # noqa: F811
     """``airflow backfill create`` over three hours, run by a real scheduler (LocalExecutor) and API server.
 
     Hour 1 is intact, hour 2 lost a published row, hour 3 is not published yet; in "repair" mode the
-    runs verify hour 1, rewrite hour 2 and refuse hour 3.
+    runs verify hour 1, rewrite hour 2 and refuse hour 3.  The history is made here (local Spark); then the
+    sources file names the session's Spark Connect server, so the replays are Python tasks, its clients.
     """
     topic = f"airflow-backfill-{uuid.uuid4().hex[:8]}"
     create_topic(kafka_broker, topic, partitions=2)
@@ -315,6 +322,7 @@ def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark,
     with pipeline.open_source("events", config) as ctx:
         DeltaTable(ctx.tables.table_uri("reclocked")).delete("value = 'r2-2'")  # corrupt hour 2
 
+    edit_config(config, lambda doc: doc.update(spark=spark_settings(spark_connect)))  # the DAG's Spark from now on
     home, port = tmp_path / "airflow", free_port()
     env = prepare_home(home, config, db_template=airflow_db_template)
     env.update({"AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__API__PORT": str(port),
