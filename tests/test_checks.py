@@ -154,6 +154,26 @@ def test_empty_window_holds_no_records(spark):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("offsets_, duplicated", [
+    ([-65537, -65536, -32769, -32768, -1, 0, 1, 32768, 32769, 65536, 2 ** 62], 0),  # across buckets, none twice
+    ([0, 32768, 32768, 5], 2),
+    ([-32768, -32768, -32768], 3),
+    ([7, None, None], 2),  # (0, null) twice: the bitmaps cannot count it, the exact count does
+    ([None, 3, 3], 2),
+    ([None, None, 3, 3], 4),
+])
+def test_duplicate_keys_counted_exactly(spark, offsets_, duplicated):
+    """The bitmap count (no shuffle) agrees with the exact GROUP BY of every key: 0 per partition, else the
+    exact count of records whose key is not unique."""
+    from reclock.checks import _duplicate_frame, _duplicates, _small_frame
+
+    batch = spark_batch(spark, [("x", 0, o, 10, 1) for o in offsets_] + [("y", 1, 0, 10, 1)])
+    fast, exact = _duplicate_frame(batch), _small_frame(_duplicates(batch))
+    assert fast.sort_values("partition").to_dict("records") == exact.sort_values("partition").to_dict("records")
+    assert int(fast["duplicated_records"].sum()) == duplicated
+
+
+@pytest.mark.slow
 def test_duplicate_offsets_allowed_when_not_unique(spark):
     report = check_reclocked(spark_batch(spark, extra=[("retraction", 1, 3, 30, -1)]), REMAP, offsets_unique=False)
     assert report.success and "reclocked.offsets_unique" not in [r.name for r in report.results]
