@@ -375,7 +375,7 @@ def test_docs_once_builds_the_site_once_for_a_steps_runs(tmp_path):
         bad = check_remap(remap_frame(extra=[(1, 20, -1)]), gx=context)
         assert builds == [] and not (site / "index.html").exists()
     assert len(builds) == 1 and good.success and not bad.success
-    assert all((site / page).is_file() for page in good.docs + bad.docs)
+    assert len(good.docs) == len(bad.docs) == 1 and all((site / page).is_file() for page in good.docs + bad.docs)
     check_remap(remap_frame(), gx=context)
     assert len(builds) == 2
 

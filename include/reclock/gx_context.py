@@ -165,7 +165,9 @@ class Context:
         self.gx.build_data_docs(site_names=[SITE], resource_identifiers=resources, build_index=True)
 
     def _page(self, identifier) -> str | None:
-        for site in self.gx.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE]):
+        # The page may be built later (docs_once): its path, whether it exists yet or not.
+        for site in self.gx.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE],
+                                                only_if_exists=False):
             url = site.get("site_url") or ""
             path = url.removeprefix("file://")
             if path.startswith(self.docs_dir):
