@@ -604,9 +604,9 @@ def partition_spans(rows: Iterable[tuple[int, int, int, int]]) -> dict[int, tupl
     return spans
 
 
-#: librdkafka properties that mean the same to the Java client of Spark's Kafka source.
 #: Spark's reads' ``fetch.max.wait.ms`` (:meth:`KafkaSource.spark_options`); a source's ``fetch.wait.max.ms`` wins.
 SPARK_FETCH_MAX_WAIT_MS = 10
+#: librdkafka properties that mean the same to the Java client of Spark's Kafka source.
 SPARK_SAME_PROPERTIES = frozenset({
     "client.id", "client.rack", "security.protocol", "sasl.mechanism", "sasl.kerberos.service.name",
     "fetch.min.bytes", "fetch.max.bytes", "max.partition.fetch.bytes", "reconnect.backoff.ms",
