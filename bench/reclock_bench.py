@@ -14,7 +14,9 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
              ratio   = reclock / copy
 
              and the peak RSS, during the reclock run, of the Spark driver (the JVM of a local session) and
-             of this Python process (where an Airflow task runs the steps);
+             of this Python process (where an Airflow task runs the steps); with ``--connect``, also the most
+             heap the driver held right after a garbage collection (its GC log): what the driver keeps, without
+             the collector's lazy heap sizing that RSS follows;
 empty        the same run with no new records: a tick's fixed cost with Spark up (median of 3);
 partitions   the same ``--partition-records`` over ``--wide-partitions`` (64) and ``--partitions``
              partitions: reclock time wide / narrow;
@@ -36,6 +38,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -90,6 +93,33 @@ class PeakRss:
 
     def __exit__(self, *exc) -> None:
         self.peak = {name: _hwm(pid) for name, pid in self.pids.items()}
+
+
+class HeapAfterGc:
+    """The most heap the driver JVM held right after a garbage collection over a block, in bytes (None without a
+    log or a collection in the block): what survived the collections, so a batch held by the driver shows here,
+    the collector's lazy sizing of the heap (which RSS follows) does not.  Read from the JVM's unified GC log
+    (``-Xlog:gc:file=<path>:timemillis``: the Connect server that ``--connect`` starts writes one), whose lines
+    ``[<epoch ms>ms] GC(n) Pause Young (Normal) (G1 Evacuation Pause) 512M->123M(1024M) 5.1ms`` are kept when
+    their time lies in the block."""
+
+    LINE = re.compile(r"^\[(\d+)ms\].*?(\d+)([KMG])->(\d+)([KMG])\((\d+)([KMG])\)")
+    UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.peak = path, None
+
+    def __enter__(self) -> "HeapAfterGc":
+        self.start = time.time() * 1000
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = time.time() * 1000
+        if self.path is None or not self.path.exists():
+            return
+        after = [int(m[4]) * self.UNITS[m[5]] for m in map(self.LINE.match, self.path.read_text().splitlines())
+                 if m and self.start <= int(m[1]) <= end]
+        self.peak = max(after, default=None)
 
 
 def _hwm(pid: int | None) -> int | None:
@@ -203,8 +233,9 @@ def bound_offsets(name: str, config: str, into_time: int) -> dict[int, tuple[int
 
 
 class Bench:
-    def __init__(self, args, workdir: Path, bootstrap: str, spark, driver: int | None) -> None:
-        self.args, self.workdir, self.bootstrap, self.spark = args, workdir, bootstrap, spark
+    def __init__(self, args, workdir: Path, bootstrap: str, spark, driver: int | None,
+                 gc_log: Path | None = None) -> None:
+        self.args, self.workdir, self.bootstrap, self.spark, self.gc_log = args, workdir, bootstrap, spark, gc_log
         self.config = workdir / "sources.yaml"
         self.sources: dict[str, tuple[str, int]] = {}  # name -> (topic, partitions)
         self.produced: dict[str, int] = {}
@@ -243,11 +274,11 @@ class Bench:
                  "publish": lambda: pipeline.publish(name, config, self.spark),
                  "resume": lambda: pipeline.resume(name, config),
                  "compact": lambda: pipeline.compact(name, config, None, self.spark)}
-        with PeakRss(**self.pids) as rss:
+        with PeakRss(**self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
             for step, call in calls.items():
                 out[step], steps[step] = timed(call)
         return {"seconds": sum(steps.values()), "steps_s": steps, "into_time": out["tick"]["into_time"],
-                "staged_rows": out["stage"]["staged_rows"], "peak_rss": rss.peak}
+                "staged_rows": out["stage"]["staged_rows"], "peak_rss": rss.peak, "driver_heap_after_gc": heap.peak}
 
     def warmup(self) -> float:
         """A first source run end to end, untimed in the figures: the JVM's JIT, Spark's first jobs, the Python
@@ -271,6 +302,7 @@ class Bench:
         copy_s = spark_copy(self.spark, self.bootstrap, self.sources[name][0], bounds, self.workdir / f"copy-{name}")
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"], "peak_rss": reclock["peak_rss"],
+                "driver_heap_after_gc": reclock["driver_heap_after_gc"],
                 "source": name}
 
     def sizes(self) -> list[dict]:
@@ -282,11 +314,11 @@ class Bench:
             out.append(r)
             rows.append([f"{records:,}", f"{r['reclock_s']:.2f}", f"{r['copy_s']:.2f}", f"{r['ratio']:.2f}x",
                          rate(records, r["reclock_s"]), rate(records, r["copy_s"]),
-                         mib(r["peak_rss"]["driver"]), mib(r["peak_rss"]["python"])])
+                         mib(r["peak_rss"]["driver"]), mib(r["driver_heap_after_gc"]), mib(r["peak_rss"]["python"])])
             print(f"  {records:,}: reclock {r['reclock_s']:.2f}s (" + ", ".join(
                 f"{s} {t:.2f}" for s, t in r["steps_s"].items()) + f"), copy {r['copy_s']:.2f}s", flush=True)
         print(table(["records", "reclock s", "copy s", "ratio", "reclock rec/s", "copy rec/s",
-                     "driver peak RSS", "python peak RSS"], rows))
+                     "driver peak RSS", "driver heap after GC", "python peak RSS"], rows))
         return out
 
     # the fixed cost ---------------------------------------------------------------------------
@@ -365,6 +397,10 @@ def summary(results: dict) -> dict:
         met["rss"] = None if growth is None else growth <= TARGETS["rss_growth"]
         print(f"  peak driver RSS at 10M within {TARGETS['rss_growth']}x of 1M: {verdict(met['rss'])} "
               f"({mib(small)} -> {mib(large)})")
+        small, large = by[1_000_000]["driver_heap_after_gc"], by[10_000_000]["driver_heap_after_gc"]
+        if small and large:
+            results["heap_after_gc_growth"] = large / small
+            print(f"    the driver's heap after GC, at its peak: {mib(small)} -> {mib(large)} ({large / small:.2f}x)")
     if len(by) >= 2:
         lo, hi = (1_000_000, 10_000_000) if {1_000_000, 10_000_000} <= set(by) else (min(by), max(by))
         per = (by[hi]["reclock_s"] / hi) / (by[lo]["reclock_s"] / lo)
@@ -426,17 +462,20 @@ def main(argv=None) -> int:
         with LocalBroker() as broker, contextlib.ExitStack() as stack:
             from reclock.spark_session import get_spark
 
-            server = None
+            server, gc_log = None, None
             if args.connect:
                 from devtools.spark_connect import LocalSparkConnect
 
-                server, results["connect_server_start_s"] = timed(lambda: stack.enter_context(
-                    LocalSparkConnect(master=args.spark_master)))
+                gc_log = workdir / "connect-gc.log"
+                server, results["connect_server_start_s"] = timed(lambda: stack.enter_context(LocalSparkConnect(
+                    master=args.spark_master,
+                    conf={"spark.driver.extraJavaOptions": f"-Xlog:gc:file={gc_log}:timemillis"})))
                 args.spark_remote = server.url
             spark, results["spark_start_s"] = timed(get_spark, args.spark_master, "reclock-bench",
                                                     remote=args.spark_remote)
             try:
-                bench = Bench(args, workdir, broker.bootstrap, spark, server.pid if server else driver_pid(spark))
+                bench = Bench(args, workdir, broker.bootstrap, spark, server.pid if server else driver_pid(spark),
+                              gc_log)
                 results["warmup_s"] = bench.warmup()
                 print(f"Spark session start {results['spark_start_s']:.1f}s; warm-up run (not in the figures) "
                       f"{results['warmup_s']:.1f}s", flush=True)

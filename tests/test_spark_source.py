@@ -12,7 +12,8 @@ from reclock import spark_source
 from reclock.engine import Frontier, Range, Remap, reclock
 from reclock.sources import build_source
 from reclock.sources.base import SourceError
-from reclock.sources.kafka import partition_spans, spark_client_options, spark_range_rows
+from reclock.sources import kafka
+from reclock.sources.kafka import partition_spans, read_tasks, spark_client_options, spark_range_rows
 from reclock.spark_source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
 
@@ -59,7 +60,13 @@ def test_read_ranges_two_partitions(spark, kafka_spec):
         (1, 2, 3000, "b2", "y2", 1),
     ]
     assert all(r.timestamp_ms > 0 for r in df.select("timestamp_ms").collect())
-    assert df.rdd.getNumPartitions() == 2  # contiguous ranges of a partition are read by one task
+    assert df.rdd.getNumPartitions() == 1  # 9 offsets: one task (read_tasks)
+
+
+def test_contiguous_ranges_of_a_partition_are_read_by_one_task(spark, kafka_spec, monkeypatch):
+    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)  # no partitions read together
+    ranges = [(1000, 0, 0, 2), (2000, 0, 2, 8), (2000, 1, 0, 1), (3000, 1, 1, 3)]
+    assert read_ranges(spark, kafka_spec, ranges).rdd.getNumPartitions() == 2
 
 
 def test_read_ranges_empty_and_errors(spark, kafka_spec):
@@ -179,6 +186,7 @@ def test_spark_read_equals_engine_reference(spark, history, monkeypatch):
 
     # Tasks cut inside partitions start and end on aborted records and markers: same rows.
     monkeypatch.setattr(spark_source, "MAX_TASK_OFFSETS", 2)
+    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)  # as Spark cuts them
     split = read_ranges(spark, spec, ranges)
     assert split.rdd.getNumPartitions() == 6 + 3 + 2  # ceil(span / 2) tasks per partition: 11, 5, 4 offsets
     assert rows_of(split) == expected
@@ -339,6 +347,37 @@ def test_spark_range_rows_and_spans():
         spark_range_rows("t", [(1, -1, 0, 1)])
     with pytest.raises(SourceError, match="overlap"):
         spark_range_rows("t", [(1, 0, 0, 3), (2, 0, 1, 2)])
+
+
+@pytest.mark.parametrize("spans, tasks, natural", [
+    ({}, 0, 0),                                             # nothing to read
+    ({0: (0, 100)}, 1, 1),                                  # one small partition: its own task
+    ({p: (0, 10) for p in range(8)}, 1, 8),                 # 80 offsets: one task reads all 8 partitions
+    ({p: (5, 35) for p in range(8)}, 3, 8),                 # 240 offsets: ceil(240 / 100) tasks
+    ({0: (0, 400), 1: (0, 0)}, 1, 1),                       # an empty span is no task
+    ({0: (0, 1050)}, 3, 3),                                 # split at 500 offsets by Spark, never coalesced
+    ({p: (0, 600) for p in range(4)}, 8, 8),                # wide partitions: as Spark splits them
+    ({p: (0, 60) for p in range(64)}, 39, 64),              # 3,840 offsets
+])
+def test_read_tasks(spans, tasks, natural):
+    assert read_tasks(spans, max_offsets=500, min_offsets=100) == (tasks, natural)
+
+
+def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_topic, monkeypatch):
+    """Many small partitions are read by a few tasks (``MIN_TASK_OFFSETS`` each at least), each partition whole,
+    every record once with its range's IntoTime."""
+    topic = kafka_topic(partitions=6, prefix="small")
+    for p in range(6):
+        produce(kafka_broker, topic, [f"p{p}-{i}" for i in range(5)], partition=p)
+    spec = kafka_spec_of(kafka_broker, topic)
+    ranges = [(1000, p, 0, 2) for p in range(6)] + [(2000, p, 2, 5) for p in range(6)]
+    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 12)
+    df = read_ranges(spark, spec, ranges)
+    assert df.rdd.getNumPartitions() == 3  # 30 offsets in tasks of 12 at least, instead of 6
+    assert sorted((r.partition, r.offset, r.into_time, r.value) for r in df.collect()) == [
+        (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
+    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)
+    assert read_ranges(spark, spec, ranges).rdd.getNumPartitions() == 6  # one per partition, as Spark reads them
 
 
 @pytest.mark.parametrize("config, wait", [({}, "10"), ({"fetch.wait.max.ms": 200}, "200")])

@@ -518,15 +518,14 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
 
     with open_source(name, config_path, connect=False) as ctx:
         gx = open_context(ctx.tables.uri, name)
-    with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
-        with open_source(name, config_path, connect=False) as ctx:
+        with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
             remap = ctx.tables.read_remap()
             results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since,
                                             upstreams=ctx.tables.recorded_upstreams(), gx=gx)}
             window = pending(remap, ctx.tables)
-        if window is not None:
-            with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
-                results.update(_check_batch(ctx, remap, window, gx))
+            if window is not None:
+                with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
+                    results.update(_check_batch(ctx, remap, window, gx))
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
              "passed" if all(r.success for r in results.values()) else "FAILED",
