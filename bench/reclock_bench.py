@@ -15,8 +15,10 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
 
              and the peak RSS, during the reclock run, of the Spark driver (the JVM of a local session) and
              of this Python process (where an Airflow task runs the steps); with ``--connect``, also the most
-             heap the driver held right after a garbage collection (its GC log): what the driver keeps, without
-             the collector's lazy heap sizing that RSS follows;
+             heap the driver held right after a garbage collection (its GC log; in local mode the driver's JVM
+             runs the tasks too, so this includes the tasks' buffers), and what it still holds after a full
+             collection once the run is over (``jcmd <pid> GC.run``): neither follows the collector's lazy
+             sizing of the heap, as RSS does;
 empty        the same run with no new records: a tick's fixed cost with Spark up (median of 3);
 partitions   the same ``--partition-records`` over ``--wide-partitions`` (64) and ``--partitions``
              partitions: reclock time wide / narrow;
@@ -114,12 +116,29 @@ class HeapAfterGc:
         return self
 
     def __exit__(self, *exc) -> None:
-        end = time.time() * 1000
+        self.peak = max((after for _, after, _ in self.collections(self.start, time.time() * 1000)), default=None)
+
+    def collections(self, start: float, end: float) -> list[tuple[int, int, str]]:
+        """``(epoch ms, bytes in use after it, line)`` of each collection logged from ``start`` to ``end`` (ms)."""
         if self.path is None or not self.path.exists():
-            return
-        after = [int(m[4]) * self.UNITS[m[5]] for m in map(self.LINE.match, self.path.read_text().splitlines())
-                 if m and self.start <= int(m[1]) <= end]
-        self.peak = max(after, default=None)
+            return []
+        return [(int(m[1]), int(m[4]) * self.UNITS[m[5]], line) for line in self.path.read_text().splitlines()
+                if (m := self.LINE.match(line)) and start <= int(m[1]) <= end]
+
+    def retained(self, pid: int | None) -> int | None:
+        """The heap in use after a full collection of JVM ``pid`` asked for now (``jcmd <pid> GC.run``): what the
+        driver still holds once a run is over; None when it cannot be asked or logged no full collection."""
+        if pid is None or self.path is None or shutil.which("jcmd") is None:
+            return None
+        start = time.time() * 1000
+        if subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60).returncode:
+            return None
+        for _ in range(20):  # the log line may follow the command's return
+            full = [after for _, after, line in self.collections(start, time.time() * 1000) if "Pause Full" in line]
+            if full:
+                return full[-1]
+            time.sleep(0.1)
+        return None
 
 
 def _hwm(pid: int | None) -> int | None:
@@ -278,7 +297,8 @@ class Bench:
             for step, call in calls.items():
                 out[step], steps[step] = timed(call)
         return {"seconds": sum(steps.values()), "steps_s": steps, "into_time": out["tick"]["into_time"],
-                "staged_rows": out["stage"]["staged_rows"], "peak_rss": rss.peak, "driver_heap_after_gc": heap.peak}
+                "staged_rows": out["stage"]["staged_rows"], "peak_rss": rss.peak, "driver_heap_after_gc": heap.peak,
+                "driver_heap_retained": heap.retained(self.pids["driver"])}
 
     def warmup(self) -> float:
         """A first source run end to end, untimed in the figures: the JVM's JIT, Spark's first jobs, the Python
@@ -302,7 +322,7 @@ class Bench:
         copy_s = spark_copy(self.spark, self.bootstrap, self.sources[name][0], bounds, self.workdir / f"copy-{name}")
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"], "peak_rss": reclock["peak_rss"],
-                "driver_heap_after_gc": reclock["driver_heap_after_gc"],
+                "driver_heap_after_gc": reclock["driver_heap_after_gc"], "driver_heap_retained": reclock["driver_heap_retained"],
                 "source": name}
 
     def sizes(self) -> list[dict]:
@@ -314,11 +334,12 @@ class Bench:
             out.append(r)
             rows.append([f"{records:,}", f"{r['reclock_s']:.2f}", f"{r['copy_s']:.2f}", f"{r['ratio']:.2f}x",
                          rate(records, r["reclock_s"]), rate(records, r["copy_s"]),
-                         mib(r["peak_rss"]["driver"]), mib(r["driver_heap_after_gc"]), mib(r["peak_rss"]["python"])])
+                         mib(r["peak_rss"]["driver"]), mib(r["driver_heap_after_gc"]), mib(r["driver_heap_retained"]),
+                         mib(r["peak_rss"]["python"])])
             print(f"  {records:,}: reclock {r['reclock_s']:.2f}s (" + ", ".join(
                 f"{s} {t:.2f}" for s, t in r["steps_s"].items()) + f"), copy {r['copy_s']:.2f}s", flush=True)
         print(table(["records", "reclock s", "copy s", "ratio", "reclock rec/s", "copy rec/s",
-                     "driver peak RSS", "driver heap after GC", "python peak RSS"], rows))
+                     "driver peak RSS", "driver heap after GC", "driver heap retained", "python peak RSS"], rows))
         return out
 
     # the fixed cost ---------------------------------------------------------------------------
@@ -413,6 +434,20 @@ def summary(results: dict) -> dict:
         results["marginal_us_per_record"] = marginal
         print(f"  marginal cost per record from {lo:,} to {hi:,}: reclock {marginal['reclock']:.2f} us, Spark's copy "
               f"{marginal['copy']:.2f} us ({marginal['reclock'] / marginal['copy']:.2f}x)")
+    beyond = [n for n in by if n > 10_000_000]
+    if 10_000_000 in by and beyond:  # past the fixed cost: is the cost per record flat?
+        hi = max(beyond)
+        per = (by[hi]["reclock_s"] / hi) / (by[10_000_000]["reclock_s"] / 10_000_000)
+        copy = (by[hi]["copy_s"] / hi) / (by[10_000_000]["copy_s"] / 10_000_000)
+        marginal = {k: (by[hi][f"{k}_s"] - by[10_000_000][f"{k}_s"]) / (hi - 10_000_000) * 1e6 for k in ("reclock", "copy")}
+        results["beyond_10m"] = {"records": hi, "per_record_ratio": per, "copy_per_record_ratio": copy,
+                                 "marginal_us_per_record": marginal}
+        print(f"  from 10,000,000 to {hi:,}: cost per record {per:.2f} of 10M's (Spark's copy: {copy:.2f}); marginal "
+              f"{marginal['reclock']:.2f} us against {marginal['copy']:.2f} us ({marginal['reclock'] / marginal['copy']:.2f}x)")
+    retained = {n: r.get("driver_heap_retained") for n, r in sorted(by.items())}
+    if any(retained.values()):
+        print("  the driver's heap after a full GC once a run is over: "
+              + ", ".join(f"{n:,}: {mib(v)}" for n, v in retained.items()))
     if "partitions" in results:
         met["wide"] = results["partitions"]["ratio"] <= TARGETS["wide"]
         print(f"  {results['args']['wide_partitions']} partitions <= {TARGETS['wide']}x {results['args']['partitions']}"
