@@ -358,9 +358,11 @@ def test_spark_range_rows_and_spans():
     ({0: (0, 1050)}, 3, 3),                                 # split at 500 offsets by Spark, never coalesced
     ({p: (0, 600) for p in range(4)}, 8, 8),                # wide partitions: as Spark splits them
     ({p: (0, 60) for p in range(64)}, 39, 64),              # 3,840 offsets
+    ({p: (0, 1) for p in range(40)}, 3, 40),                # 40 offsets, but at most 16 partitions a task
+    ({p: (0, 1) for p in range(16)}, 1, 16),
 ])
 def test_read_tasks(spans, tasks, natural):
-    assert read_tasks(spans, max_offsets=500, min_offsets=100) == (tasks, natural)
+    assert read_tasks(spans, max_offsets=500, min_offsets=100, max_partitions=16) == (tasks, natural)
 
 
 def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_topic, monkeypatch):
@@ -374,6 +376,12 @@ def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_top
     monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 12)
     df = read_ranges(spark, spec, ranges)
     assert df.rdd.getNumPartitions() == 3  # 30 offsets in tasks of 12 at least, instead of 6
+    assert sorted((r.partition, r.offset, r.into_time, r.value) for r in df.collect()) == [
+        (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
+    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1000)
+    monkeypatch.setattr(kafka, "MAX_TASK_PARTITIONS", 4)
+    df = read_ranges(spark, spec, ranges)
+    assert df.rdd.getNumPartitions() == 2  # one task would do for the offsets, but 4 partitions at most each
     assert sorted((r.partition, r.offset, r.into_time, r.value) for r in df.collect()) == [
         (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
     monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)

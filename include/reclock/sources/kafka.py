@@ -610,21 +610,26 @@ def partition_spans(rows: Iterable[tuple[int, int, int, int]]) -> dict[int, tupl
 
 #: The fewest offsets a read task of Spark's Kafka source is given when partitions are small (:func:`read_tasks`).
 MIN_TASK_OFFSETS = 50_000
+#: The most partitions (or pieces of one) a read task reads in turn: each holds its Kafka consumer to the task's end.
+MAX_TASK_PARTITIONS = 16
 
 
 def read_tasks(spans: Mapping[int, tuple[int, int]], max_offsets: int | None = None,
-               min_offsets: int | None = None) -> tuple[int, int]:
+               min_offsets: int | None = None, max_partitions: int | None = None) -> tuple[int, int]:
     """``(tasks, natural)``: the read tasks a Spark read of ``spans`` (partition -> ``[start, end)``) runs in, and
     the ones Spark's Kafka source makes of them (one per partition, split at ``max_offsets``, default
-    :data:`~reclock.spark_source.MAX_TASK_OFFSETS`; ``min_offsets`` default :data:`MIN_TASK_OFFSETS`)::
+    :data:`~reclock.spark_source.MAX_TASK_OFFSETS`; ``min_offsets`` and ``max_partitions`` default
+    :data:`MIN_TASK_OFFSETS` and :data:`MAX_TASK_PARTITIONS`)::
 
         natural = sum over p of ceil((end_p - start_p) / max_offsets)
-        tasks   = min(natural, max(1, ceil(sum over p of (end_p - start_p) / min_offsets)))
+        tasks   = min(natural, max(1, ceil(sum over p of (end_p - start_p) / min_offsets),
+                                      ceil(natural / max_partitions)))
 
     A task costs Spark's scheduling, a consumer's fetches up to the log end and a staged file (~30 ms over the
     records it reads): a tick of 100K records over 64 partitions staged in 3.9 s, against 1.5 s over 8; read
-    in 2 tasks of 50K offsets, 2.2 s.  Fewer tasks than ``natural`` means partitions coalesced (each task reads
-    several in turn); a wide read is never split further than Spark splits it.
+    in 4 tasks, 2.0 s.  Fewer tasks than ``natural`` means partitions coalesced: each task reads several in turn,
+    at most ``max_partitions`` (Spark releases a task's consumers when it ends, so a task of a thousand small
+    partitions would hold a thousand consumers).  A wide read is never split further than Spark splits it.
     """
     import math
 
@@ -633,9 +638,10 @@ def read_tasks(spans: Mapping[int, tuple[int, int]], max_offsets: int | None = N
 
         max_offsets = MAX_TASK_OFFSETS
     min_offsets = MIN_TASK_OFFSETS if min_offsets is None else min_offsets
+    max_partitions = MAX_TASK_PARTITIONS if max_partitions is None else max_partitions
     sizes = [end - start for start, end in spans.values() if end > start]
     natural = sum(math.ceil(size / max_offsets) for size in sizes)
-    return min(natural, max(1, math.ceil(sum(sizes) / min_offsets))), natural
+    return min(natural, max(1, math.ceil(sum(sizes) / min_offsets), math.ceil(natural / max_partitions))), natural
 
 
 #: Spark's reads' ``fetch.max.wait.ms`` (:meth:`KafkaSource.spark_options`); a source's ``fetch.wait.max.ms`` wins.
