@@ -349,7 +349,8 @@ class KafkaSource:
         The rows are those of reading each range with :meth:`read` and stamping it with the range's
         IntoTime: ``key``, ``value``, ``timestamp_ms`` (null when Kafka has none), ``partition`` (int),
         ``offset`` (long), ``into_time``, ``diff`` (always 1).  Spark reads each partition's
-        ``[min start, max end)`` once; records there that no range covers are dropped.  Ranges must not
+        ``[min start, max end)`` once; records there that no range covers are dropped.  Small partitions are
+        read together, several by one task (:func:`read_tasks`).  Ranges must not
         overlap and must lie between the log start offset and the upper (checked here, before Spark
         runs).  Nothing to read: an empty DataFrame, without contacting Kafka.  Spark declares
         ``offset`` nullable (its Kafka source does so for every column); it is never null.
