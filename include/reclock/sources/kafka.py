@@ -395,7 +395,7 @@ class KafkaSource:
                     F.when(value_valid, value).otherwise(self._bad_record_error("value")).alias("value")]
             bad = []
         tasks, natural = read_tasks(spans)
-        if tasks < natural:  # many small partitions: a few tasks read them in turn (one file each, not one each)
+        if tasks < natural:  # many small partitions: a few tasks read them in turn, each writing one staged file
             records = records.coalesce(tasks)
         return records.join(bounds, on).select(
             *data,
