@@ -69,6 +69,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from . import offsets
 from .engine import Frontier, Increment, Remap
+from .clock import now_ms
 from .faults import commit_point
 from .spark_session import spark_schema
 
@@ -82,6 +83,7 @@ DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime
 STAGED_DEAD_LETTERS = "_dead_letter"  # under a staged attempt: the batch's dead letters
 UPSTREAM_SAMPLE = "upstream_sample.json"  # the last upstream upper the tick measured (SourceTables.upstream_sample)
 STAGED_METADATA = "_batch.json"  # under a staged attempt: what the checks need of the batch (SourceTables.stage)
+VACUUMED = "vacuumed.json"  # when compaction last vacuumed each table (SourceTables.vacuumed; vacuum_due)
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
@@ -119,6 +121,21 @@ class WarehouseError(RuntimeError):
 #: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
 VACUUM_RETENTION_HOURS = 168.0
 REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
+
+
+def vacuum_due(last: int | None, now: int, retention_hours: float) -> bool:
+    """Whether compaction vacuums a table now: ``last is None or not 0 <= now - last < ceil(R) h / 4``.
+
+    VACUUM RETAIN ``ceil(R)`` hours (Delta rounds to whole hours) deletes a file ``ceil(R)`` h after it was
+    replaced; one run lists the table and reads its state (seconds even when nothing is old enough), and
+    logs two commits.  Vacuuming at most every quarter of that retention (the rule by which compaction itself
+    runs) deletes each replaced file at most ``ceil(R) / 4`` h (plus the time to the next compaction) later,
+    never earlier.  ``R = 0`` (a forced vacuum) is always due; so is a table never vacuumed, or a clock that
+    stepped back.
+    """
+    if last is None:
+        return True
+    return not 0 <= now - last < math.ceil(retention_hours) * 3_600_000 // 4
 
 
 def remap_schema(partition_type: pa.DataType, offset_type: pa.DataType = offsets.INT64) -> pa.Schema:
@@ -496,7 +513,7 @@ class SourceTables:
         metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
         compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
                            REMAP_APP, version, _max_into_time(dt), metadata)
-        if len(self.table("remap").file_uris()) > REMAP_MAX_FILES:  # one file per tick: keep reads cheap
+        if self._remap_has_many_files():  # one file per tick: keep reads cheap
             try:
                 self._optimize("remap")
             except Exception as e:  # the binding is stored; a racing tick's commit makes OPTIMIZE retry later
@@ -856,8 +873,9 @@ class SourceTables:
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
         3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
-        4. optimize (merge small files) and vacuum files removed more than ``retention_hours`` ago, in the
-           dead-letter table too (its rows are all kept).
+        4. optimize (merge small files; remap's beyond ``REMAP_MAX_FILES``, as a tick does) and vacuum files
+           removed more than ``retention_hours`` ago, in the dead-letter table too (its rows are all kept);
+           a table vacuumed less than a quarter of that retention ago is not vacuumed yet (:func:`vacuum_due`).
 
         A read of a version from before the compaction (an AS OF query or a backfill that is still
         running) finds its files for ``retention_hours`` more: :func:`reclock.pipeline.compact` passes
@@ -873,13 +891,36 @@ class SourceTables:
         self._consolidate_remap(since)
         self._consolidate_reclocked(since)
         dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
+        vacuumed = self.vacuumed()
         for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
-            self._optimize(kind)
-            self._vacuum(kind, retention_hours)
+            if kind != "remap" or self._remap_has_many_files():  # remap: now one file at since and a file per tick
+                self._optimize(kind)
+            started = now_ms()
+            if vacuum_due(vacuumed.get(kind), started, retention_hours):
+                self._vacuum(kind, retention_hours)
+                vacuumed[kind] = started
+                self._record_vacuumed(vacuumed)
+
+    def _remap_has_many_files(self) -> bool:
+        """More than ``REMAP_MAX_FILES`` files in the remap table: time to merge them (Delta OPTIMIZE)."""
+        return len(self.table("remap").file_uris()) > REMAP_MAX_FILES
 
     def _optimize(self, kind: Kind) -> None:
         """Merge small files (Delta OPTIMIZE; it commits only when there are files to merge)."""
         self.spark.sql(f"OPTIMIZE {_delta_path(self.table_uri(kind))}")
+
+    def vacuumed(self) -> dict[str, int]:
+        """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``; {} before any)."""
+        try:
+            with self._fs().open_input_stream(VACUUMED) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+
+    def _record_vacuumed(self, vacuumed: dict[str, int]) -> None:
+        from .check_log import write_json
+
+        write_json(self.uri, VACUUMED, vacuumed, self.storage_options)
 
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
         """Delete files removed more than ``retention_hours`` ago, rounded up to whole hours (Delta VACUUM
