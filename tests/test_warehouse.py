@@ -242,7 +242,7 @@ def history(built_history, tmp_path, spark):
     return Warehouse(str(tmp_path / "warehouse")).source("orders", pa.int32(), DATA, spark=spark), remap, published
 
 
-def test_compact_preserves_queries_at_or_after_since(history):
+def test_compact_preserves_queries_at_or_after_since(history, tmp_path):
     tables, remap, updates = history
     before = tables.read_reclocked_arrow().to_pylist()
     first_files = tables.snapshot_files("reclocked", 1)
@@ -271,6 +271,11 @@ def test_compact_preserves_queries_at_or_after_since(history):
     for kind in KINDS:  # no rows rewritten, and no VACUUM: each table was vacuumed under 168 h / 4 ago
         assert sorted(tables.snapshot_files(kind)) == files[kind]
         assert operations_after(tables, kind, versions[kind]) == []
+    assert set(tables.vacuumed()) == set(KINDS)
+    (tmp_path / "warehouse" / "orders" / "vacuumed.json").write_text("{not json")  # unreadable: vacuum again
+    tables.compact(10)
+    for kind in KINDS:
+        assert operations_after(tables, kind, versions[kind]) == ["VACUUM START", "VACUUM END"]
     assert set(tables.vacuumed()) == set(KINDS)
     assert tables.read_remap() == remap.compact(25) and tables.since() == 25
 

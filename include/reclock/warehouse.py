@@ -910,12 +910,17 @@ class SourceTables:
         self.spark.sql(f"OPTIMIZE {_delta_path(self.table_uri(kind))}")
 
     def vacuumed(self) -> dict[str, int]:
-        """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``; {} before any)."""
+        """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``): {} before any,
+        or when the record cannot be read (then every table is due: a VACUUM too many is only time)."""
         try:
             with self._fs().open_input_stream(VACUUMED) as f:
-                return json.loads(f.read())
+                record = json.loads(f.read())
         except FileNotFoundError:
             return {}
+        except ValueError as e:
+            log.warning("%s: unreadable %s (%s): vacuuming every table", self.uri, VACUUMED, e)
+            return {}
+        return {k: v for k, v in record.items() if isinstance(v, int)} if isinstance(record, dict) else {}
 
     def _record_vacuumed(self, vacuumed: dict[str, int]) -> None:
         from .check_log import write_json
