@@ -729,10 +729,8 @@ class SourceTables:
     def upstream_sample(self) -> dict | None:
         """The last :meth:`record_upstream_sample`: ``{"measured_at", "step", "upper", "bound"}`` (frontiers), or
         None before any."""
-        try:
-            with self._fs().open_input_stream(UPSTREAM_SAMPLE) as f:
-                doc = json.loads(f.read())
-        except FileNotFoundError:
+        doc = self._read_json(UPSTREAM_SAMPLE)
+        if doc is None:
             return None
         return {**doc, "upper": Frontier.of([tuple(u) for u in doc["upper"]]),
                 "bound": Frontier.of([tuple(b) for b in doc["bound"]])}
@@ -913,14 +911,19 @@ class SourceTables:
         """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``): {} before any,
         or when the record cannot be read (then every table is due: a VACUUM too many is only time)."""
         try:
-            with self._fs().open_input_stream(VACUUMED) as f:
-                record = json.loads(f.read())
-        except FileNotFoundError:
-            return {}
+            record = self._read_json(VACUUMED)
         except ValueError as e:
             log.warning("%s: unreadable %s (%s): vacuuming every table", self.uri, VACUUMED, e)
             return {}
         return {k: v for k, v in record.items() if isinstance(v, int)} if isinstance(record, dict) else {}
+
+    def _read_json(self, name: str):
+        """The JSON document ``<source>/<name>``, or None when there is none (ValueError when it is not JSON)."""
+        try:
+            with self._fs().open_input_stream(name) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
 
     def _record_vacuumed(self, vacuumed: dict[str, int]) -> None:
         from .check_log import write_json
