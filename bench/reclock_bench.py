@@ -19,6 +19,11 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
              runs the tasks too, so this includes the tasks' buffers), and what it still holds after a full
              collection once the run is over (``jcmd <pid> GC.run``): neither follows the collector's lazy
              sizing of the heap, as RSS does;
+
+             compaction = then one more run binds 1,000 records at a later IntoTime, and a compaction a
+                       retention later folds every row at that IntoTime (a full run's compact step has nothing
+                       old enough to fold); against Spark rewriting the copy's Delta table in place
+                       (``--no-compaction`` skips it);
 empty        the same run with no new records: a tick's fixed cost with Spark up (median of 3);
 partitions   the same ``--partition-records`` over ``--wide-partitions`` (64) and ``--partitions``
              partitions: reclock time wide / narrow;
@@ -56,11 +61,13 @@ import yaml
 
 from devtools.kafka_broker import LocalBroker, create_topic
 from reclock import pipeline
+from reclock.config import load_config
 from reclock.sources.kafka import SPARK_FETCH_MAX_WAIT_MS
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
 STEPS = ("tick", "stage", "check", "publish", "resume", "compact")
+COMPACTED_EXTRA = 1_000  # records bound after a size's batch, before the compaction that folds both
 TARGETS = {
     "ratio": 1.3,          # full tick <= 1.3x Spark's own copy, at 1M and at 10M
     "empty_s": 3.0,        # a tick with no new records, Spark up
@@ -323,11 +330,38 @@ class Bench:
         if reclock["staged_rows"] != records:
             raise RuntimeError(f"{name}: staged {reclock['staged_rows']} rows, produced {records}")
         bounds = bound_offsets(name, str(self.config), reclock["into_time"])
-        copy_s = spark_copy(self.spark, self.bootstrap, self.sources[name][0], bounds, self.workdir / f"copy-{name}")
+        copy = self.workdir / f"copy-{name}"
+        copy_s = spark_copy(self.spark, self.bootstrap, self.sources[name][0], bounds, copy)
+        compaction = self.compaction(name, copy) if a.compaction else {}
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"], "peak_rss": reclock["peak_rss"],
                 "driver_heap_after_gc": reclock["driver_heap_after_gc"], "driver_heap_retained": reclock["driver_heap_retained"],
-                "source": name}
+                "source": name, **compaction}
+
+    def compaction(self, name: str, copy: Path) -> dict:
+        """A compaction that folds the measured batch: one more run binds ``COMPACTED_EXTRA`` records at a later
+        IntoTime, then compaction runs a retention later (``now``), so ``since`` is that run's IntoTime and every
+        row is rewritten there (the step's share of a full run is 0.0x s: nothing is old enough yet).  Against
+        Spark rewriting the copy's Delta table in place (the same rows, one overwrite)."""
+        config = str(self.config)
+        self.produce(name, COMPACTED_EXTRA)
+        last = pipeline.run_once(name, config, self.spark)["tick"]["into_time"]
+        retention = load_config(config).source(name).retention_ms
+        with PeakRss(**self.pids) as rss:
+            result, compact_s = timed(pipeline.compact, name, config, last + retention, self.spark)
+        if not result["compacted"] or result["since"] != last:
+            raise RuntimeError(f"{name}: compaction to {last} did not run: {result}")
+        start = time.perf_counter()
+        self.spark.read.format("delta").load(copy.as_uri()).write.format("delta").mode("overwrite").save(copy.as_uri())
+        rewrite_s = time.perf_counter() - start
+        with pipeline.open_source(name, config, connect=False) as ctx:
+            from pyspark.sql import functions as F
+
+            stats = ctx.tables.read_reclocked_spark(self.spark).agg(F.min("into_time"), F.count(F.lit(1))).first()
+        if stats[1] != self.produced[name] or stats[0] != last:
+            raise RuntimeError(f"{name}: after compaction {stats[1]} rows from IntoTime {stats[0]}, "
+                               f"expected {self.produced[name]} from {last}")
+        return {"compact_s": compact_s, "rewrite_s": rewrite_s, "compact_peak_rss": rss.peak}
 
     def sizes(self) -> list[dict]:
         a = self.args
@@ -342,6 +376,10 @@ class Bench:
                          mib(r["peak_rss"]["python"])])
             print(f"  {records:,}: reclock {r['reclock_s']:.2f}s (" + ", ".join(
                 f"{s} {t:.2f}" for s, t in r["steps_s"].items()) + f"), copy {r['copy_s']:.2f}s", flush=True)
+            if "compact_s" in r:
+                print(f"    a compaction folding them (and {COMPACTED_EXTRA:,} more, bound later) at one IntoTime: "
+                      f"{r['compact_s']:.2f}s; Spark rewriting the copy's Delta table: {r['rewrite_s']:.2f}s "
+                      f"({r['compact_s'] / r['rewrite_s']:.2f}x)", flush=True)
         print(table(["records", "reclock s", "copy s", "ratio", "reclock rec/s", "copy rec/s",
                      "driver peak RSS", "driver heap after GC", "driver heap retained", "python peak RSS"], rows))
         return out
@@ -502,6 +540,8 @@ def parse_args(argv=None):
     parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow")
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS})")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
+    parser.add_argument("--no-compaction", dest="compaction", action="store_false",
+                        help="do not time, per size, a compaction that folds the batch")
     args = parser.parse_args(argv)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     return args
