@@ -242,13 +242,14 @@ def history(built_history, tmp_path, spark):
     return Warehouse(str(tmp_path / "warehouse")).source("orders", pa.int32(), DATA, spark=spark), remap, published
 
 
-def test_compact_preserves_queries_at_or_after_since(history, tmp_path):
+@pytest.mark.parametrize("offsets_unique", [False, True])  # the history has one row per offset: the same result
+def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_unique):
     tables, remap, updates = history
     before = tables.read_reclocked_arrow().to_pylist()
     first_files = tables.snapshot_files("reclocked", 1)
     assert first_files and all(os.path.exists(f) for f in first_files)
 
-    tables.compact(25, retention_hours=0)  # vacuum at once: the replaced files go
+    tables.compact(25, retention_hours=0, offsets_unique=offsets_unique)  # vacuum at once: the replaced files go
 
     assert tables.since() == 25
     assert tables.read_remap() == remap.compact(25)
@@ -278,6 +279,20 @@ def test_compact_preserves_queries_at_or_after_since(history, tmp_path):
         assert operations_after(tables, kind, versions[kind]) == ["VACUUM START", "VACUUM END"]
     assert set(tables.vacuumed()) == set(KINDS)
     assert tables.read_remap() == remap.compact(25) and tables.since() == 25
+
+
+def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch):
+    """OPTIMIZE leaves files of ``OPTIMIZE_MIN_FILE_BYTES`` or more alone (here: every file): the files the
+    consolidation just wrote are not rewritten a second time."""
+    tables, remap, _ = history
+    monkeypatch.setattr(warehouse, "OPTIMIZE_MIN_FILE_BYTES", 1)
+    version, files = tables.version("reclocked"), tables.snapshot_files("reclocked")
+    tables.compact(25)
+    assert tables.read_remap() == remap.compact(25)
+    assert operations_after(tables, "reclocked", version)[:2] == ["WRITE", "VACUUM START"]  # no OPTIMIZE
+    after = tables.snapshot_files("reclocked")
+    assert len(set(after) - set(files)) == 1  # the rows at or before 25, in one file; the others' files as they were
+    assert len(after) < len(files)
 
 
 H = 3_600_000  # an hour in ms

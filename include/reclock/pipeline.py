@@ -608,7 +608,8 @@ def compact(name: str, config_path: str | None = None, now: int | None = None, s
         if since <= current or (current and since - current < ctx.config.retention_ms // 4):
             return {"since": current, "compacted": False}
     with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
-        ctx.tables.compact(since, retention_hours=ctx.config.vacuum_retention_hours)
+        ctx.tables.compact(since, retention_hours=ctx.config.vacuum_retention_hours,
+                           offsets_unique=ctx.config.offsets_unique)
         return {"since": since, "compacted": True}
 
 

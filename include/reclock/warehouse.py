@@ -121,6 +121,10 @@ class WarehouseError(RuntimeError):
 #: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
 VACUUM_RETENTION_HOURS = 168.0
 REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
+#: Compaction rewrites the rows at or before ``since`` into files of about this size, and its OPTIMIZE merges
+#: only files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta's default, 1 GiB, would rewrite those files once more).
+COMPACTED_FILE_BYTES = 128 << 20
+OPTIMIZE_MIN_FILE_BYTES = 64 << 20
 
 
 def vacuum_due(last: int | None, now: int, retention_hours: float) -> bool:
@@ -865,12 +869,14 @@ class SourceTables:
 
     # --- compaction ---------------------------------------------------------------------
 
-    def compact(self, since: int, retention_hours: float = VACUUM_RETENTION_HOURS) -> None:
+    def compact(self, since: int, retention_hours: float = VACUUM_RETENTION_HOURS, *,
+                offsets_unique: bool = False) -> None:
         """Compact both tables to ``since``; every step is idempotent, so rerun after a crash.
 
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
-        3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark);
+        3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark; without a shuffle
+           when ``offsets_unique``: see :meth:`_consolidate_reclocked`);
         4. optimize (merge small files; remap's beyond ``REMAP_MAX_FILES``, as a tick does) and vacuum files
            removed more than ``retention_hours`` ago, in the dead-letter table too (its rows are all kept);
            a table vacuumed less than a quarter of that retention ago is not vacuumed yet (:func:`vacuum_due`).
@@ -887,7 +893,7 @@ class SourceTables:
         if stored < since:
             self._append("remap", self._frame("remap", self.schemas["remap"].empty_table()), SINCE_APP, since)
         self._consolidate_remap(since)
-        self._consolidate_reclocked(since)
+        self._consolidate_reclocked(since, offsets_unique)
         dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
         vacuumed = self.vacuumed()
         for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
@@ -904,8 +910,10 @@ class SourceTables:
         return len(self.table("remap").file_uris()) > REMAP_MAX_FILES
 
     def _optimize(self, kind: Kind) -> None:
-        """Merge small files (Delta OPTIMIZE; it commits only when there are files to merge)."""
-        self.spark.sql(f"OPTIMIZE {_delta_path(self.table_uri(kind))}")
+        """Merge files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta OPTIMIZE; it commits only when there are files
+        to merge)."""
+        with _conf(self.spark, "spark.databricks.delta.optimize.minFileSize", str(OPTIMIZE_MIN_FILE_BYTES)):
+            self.spark.sql(f"OPTIMIZE {_delta_path(self.table_uri(kind))}")
 
     def vacuumed(self) -> dict[str, int]:
         """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``): {} before any,
@@ -955,8 +963,14 @@ class SourceTables:
              .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
         return True
 
-    def _consolidate_reclocked(self, since: int) -> bool:
-        """Rewrite reclocked rows at or before ``since`` as ``sum(diff)`` per record at ``since`` (Spark)."""
+    def _consolidate_reclocked(self, since: int, offsets_unique: bool = False) -> bool:
+        """Rewrite reclocked rows at or before ``since`` as ``sum(diff)`` per record at ``since`` (Spark).
+
+        A record is its data, ``partition`` and ``offset``.  With ``offsets_unique`` (a source with one record
+        per offset: its published batches passed the ``reclocked_keys`` check, and bindings cover disjoint
+        offset ranges) no two rows share ``(partition, offset)``, so each record is one row and its sum is its
+        ``diff``: the rows are rewritten as they are (a scan, no shuffle), those with a zero ``diff`` dropped.
+        """
         from pyspark.sql import functions as F
 
         where = F.col("into_time") <= since
@@ -965,14 +979,23 @@ class SourceTables:
         if stats["n"] == 0:
             return False
         keys = self.data_columns + ["partition", "offset"]
-        consolidated = (df.groupBy(*keys).agg(F.sum("diff").alias("diff")).where(F.col("diff") != 0)
-                        .withColumn("into_time", F.lit(since).cast("long")))
+        summed = df if offsets_unique else df.groupBy(*keys).agg(F.sum("diff").alias("diff"))
+        consolidated = summed.where(F.col("diff") != 0).withColumn("into_time", F.lit(since).cast("long"))
         if stats["lo"] == since and consolidated.count() == stats["n"]:
             return False
+        files = max(1, -(-self._bytes_at_or_before("reclocked", since) // COMPACTED_FILE_BYTES))
         with commit_point("compact-reclocked", self.table_uri("reclocked")):
-            (consolidated.select(*self.schemas["reclocked"].names).write.format("delta").mode("overwrite")
-             .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
+            (consolidated.select(*self.schemas["reclocked"].names).coalesce(files).write.format("delta")
+             .mode("overwrite").option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
         return True
+
+    def _bytes_at_or_before(self, kind: Kind, since: int) -> int:
+        """The bytes of the table's files holding rows at or before ``since`` (all its files where a file has no
+        statistics), from the Delta log."""
+        files = pa.table(self.table(kind).get_add_actions(flatten=True))
+        if "min.into_time" in files.column_names and files["min.into_time"].null_count == 0:
+            files = files.filter(pc.less_equal(files["min.into_time"], since))
+        return pc.sum(files["size_bytes"]).as_py() or 0
 
 
 # --- helpers ------------------------------------------------------------------------------
