@@ -281,6 +281,19 @@ def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_
     assert tables.read_remap() == remap.compact(25) and tables.since() == 25
 
 
+def test_compaction_sizes_its_files_by_the_files_it_rewrites(tables):
+    """The bytes of the files with rows at or before ``since`` (from the Delta log), not of those wholly after it."""
+    remap = store(tables, ticks(Remap(), (10, {0: 2}), (11, {0: 2}), (20, {0: 3})))
+    for upto, rows in ((10, [("a", 0, 0), ("b", 0, 1)]), (11, []), (20, [("c", 0, 2)])):
+        stage_parquet(tables, upto, as_rows((d, p, o, remap.into_time_of(p, o), 1) for d, p, o in rows))
+        assert tables.publish_staged(upto)
+    files = pa.table(tables.table("reclocked").get_add_actions(flatten=True)).to_pylist()
+    size = {f["max.into_time"]: f["size_bytes"] for f in files if f["num_records"]}
+    assert set(size) == {10, 20}
+    assert [tables._bytes_at_or_before("reclocked", t) for t in (9, 10, 15, 20)] == [
+        0, size[10], size[10], size[10] + size[20]]
+
+
 def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch):
     """OPTIMIZE leaves files of ``OPTIMIZE_MIN_FILE_BYTES`` or more alone (here: every file): the files the
     consolidation just wrote are not rewritten a second time."""

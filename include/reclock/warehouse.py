@@ -990,9 +990,10 @@ class SourceTables:
         return True
 
     def _bytes_at_or_before(self, kind: Kind, since: int) -> int:
-        """The bytes of the table's files holding rows at or before ``since`` (all its files where a file has no
-        statistics), from the Delta log."""
+        """The bytes of the table's files holding rows at or before ``since`` (all its files with rows where one
+        has no statistics), from the Delta log."""
         files = pa.table(self.table(kind).get_add_actions(flatten=True))
+        files = files.filter(pc.not_equal(pc.fill_null(files["num_records"], -1), 0))  # idle ticks commit empty files
         if "min.into_time" in files.column_names and files["min.into_time"].null_count == 0:
             files = files.filter(pc.less_equal(files["min.into_time"], since))
         return pc.sum(files["size_bytes"]).as_py() or 0
