@@ -992,8 +992,7 @@ class SourceTables:
     def _bytes_at_or_before(self, kind: Kind, since: int) -> int:
         """The bytes of the table's files holding rows at or before ``since`` (all its files with rows where one
         has no statistics), from the Delta log."""
-        files = pa.table(self.table(kind).get_add_actions(flatten=True))
-        files = files.filter(pc.not_equal(pc.fill_null(files["num_records"], -1), 0))  # idle ticks commit empty files
+        files = _files_with_rows(self.table(kind))
         if "min.into_time" in files.column_names and files["min.into_time"].null_count == 0:
             files = files.filter(pc.less_equal(files["min.into_time"], since))
         return pc.sum(files["size_bytes"]).as_py() or 0
@@ -1036,12 +1035,17 @@ def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _files_with_rows(dt: DeltaTable) -> pa.Table:
+    """The snapshot's add actions (flattened: ``size_bytes``, ``min.into_time``, ...) of files holding rows."""
+    files = pa.table(dt.get_add_actions(flatten=True))
+    return files.filter(pc.not_equal(pc.fill_null(files["num_records"], -1), 0))  # idle ticks commit empty files
+
+
 def _max_into_time(dt: DeltaTable | None) -> int | None:
     """``max(into_time)`` of a snapshot (None: no rows), from the file statistics where every file has them."""
     if dt is None:
         return None
-    files = pa.table(dt.get_add_actions(flatten=True))
-    files = files.filter(pc.not_equal(pc.fill_null(files["num_records"], -1), 0))  # idle ticks commit empty files
+    files = _files_with_rows(dt)
     if files.num_rows == 0:
         return None
     if "max.into_time" in files.column_names and files["max.into_time"].null_count == 0:
