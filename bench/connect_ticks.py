@@ -32,21 +32,18 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "include")]
 
-from bench.reclock_bench import produce_records  # noqa: E402
-from devtools.kafka_broker import LocalBroker, create_topic  # noqa: E402
+from devtools.kafka_broker import LocalBroker, create_topic, produce  # noqa: E402
 from devtools.spark_connect import LocalSparkConnect  # noqa: E402
 
-STEPS = ("tick", "stage", "check", "publish", "resume", "compact")
 TIMED_RUN = """
 import json, sys, time
 t0 = time.monotonic()
 from reclock import pipeline
 config, now = sys.argv[1], int(sys.argv[2])
 times = {}
-for step in ("tick", "stage", "check", "publish", "resume", "compact"):
+for step in pipeline.STEPS:
     t = time.monotonic()
-    fn = getattr(pipeline, step)
-    fn("orders", config, now) if step in ("tick", "compact") else fn("orders", config)
+    pipeline.run_once("orders", config, now=now, steps=(step,))
     times[step] = round(time.monotonic() - t, 2)
 print("RESULT " + json.dumps({"steps": times, "in_process": round(time.monotonic() - t0, 2)}))
 """
@@ -60,14 +57,13 @@ def timed_steps(config: str, now: int) -> dict:
     from reclock import pipeline
 
     times = {}
-    for step in STEPS:
+    for step in pipeline.STEPS:
         t = time.monotonic()
-        fn = getattr(pipeline, step)
-        result = fn("orders", config, now) if step in ("tick", "compact") else fn("orders", config)
+        result = pipeline.run_once("orders", config, now=now, steps=(step,))[step]
         times[step] = round(time.monotonic() - t, 2)
         if step == "stage":
             times["staged_rows"] = result["staged_rows"]
-    times["total"] = round(sum(v for k, v in times.items() if k in STEPS), 2)
+    times["total"] = round(sum(v for k, v in times.items() if k in pipeline.STEPS), 2)
     return times
 
 
@@ -94,7 +90,8 @@ def main() -> int:
             print(f"Spark Connect server up in {time.monotonic() - t:.1f} s at {server.url} (load {load()})", flush=True)
             remote = write_config(work / "remote.yaml", broker.bootstrap, "orders", "remote", {"remote": server.url})
             local = write_config(work / "local.yaml", broker.bootstrap, "orders", "local", {"master": "local[2]"})
-            produce_records(broker.bootstrap, "orders", 0, args.records, args.partitions, 100)
+            produce(broker.bootstrap, "orders", ((str(i % 1000), f"v{i:010d}".ljust(100, "x"), i % args.partitions)
+                                                 for i in range(args.records)))
             print(f"produced {args.records} records in {args.partitions} partitions", flush=True)
             # Each kind of run right after the other, so that both meet about the same load.
             for i in range(args.empty + 1):

@@ -66,7 +66,6 @@ from reclock.sources.kafka import SPARK_FETCH_MAX_WAIT_MS
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
-STEPS = ("tick", "stage", "check", "publish", "resume", "compact")
 COMPACTED_EXTRA = 1_000  # records bound after a size's batch, before the compaction that folds both
 TARGETS = {
     "ratio": 1.3,          # full tick <= 1.3x Spark's own copy, at 1M and at 10M
@@ -298,15 +297,10 @@ class Bench:
         """One full run of ``name``: every step in order, as ``pipeline.run_once`` does them, each timed; with the
         peak RSS of the driver and of this process over the run."""
         config, steps, out = str(self.config), {}, {}
-        calls = {"tick": lambda: pipeline.tick(name, config, None, self.spark),
-                 "stage": lambda: pipeline.stage(name, config, self.spark),
-                 "check": lambda: pipeline.check(name, config, self.spark),
-                 "publish": lambda: pipeline.publish(name, config, self.spark),
-                 "resume": lambda: pipeline.resume(name, config),
-                 "compact": lambda: pipeline.compact(name, config, None, self.spark)}
         with PeakRss(**self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
-            for step, call in calls.items():
-                out[step], steps[step] = timed(call)
+            for step in pipeline.STEPS:
+                done, steps[step] = timed(lambda: pipeline.run_once(name, config, self.spark, steps=(step,)))
+                out[step] = done[step]
         return {"seconds": sum(steps.values()), "steps_s": steps, "into_time": out["tick"]["into_time"],
                 "staged_rows": out["stage"]["staged_rows"], "peak_rss": rss.peak, "driver_heap_after_gc": heap.peak,
                 "driver_heap_retained": heap.retained(self.pids["driver"])}
@@ -407,8 +401,8 @@ class Bench:
             self.produce(name, a.partition_records)
             times[count] = self.run(name)
         ratio = times[a.wide_partitions]["seconds"] / times[a.partitions]["seconds"]
-        print(table(["partitions", "reclock s"] + [f"{s} s" for s in STEPS],
-                    [[p, f"{r['seconds']:.2f}"] + [f"{r['steps_s'][s]:.2f}" for s in STEPS] for p, r in times.items()]))
+        print(table(["partitions", "reclock s"] + [f"{s} s" for s in pipeline.STEPS],
+                    [[p, f"{r['seconds']:.2f}"] + [f"{r['steps_s'][s]:.2f}" for s in pipeline.STEPS] for p, r in times.items()]))
         print(f"  {a.wide_partitions} / {a.partitions}: {ratio:.2f}x")
         return {"records": a.partition_records, "seconds": {str(p): r["seconds"] for p, r in times.items()},
                 "steps_s": {str(p): r["steps_s"] for p, r in times.items()}, "ratio": ratio}

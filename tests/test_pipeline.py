@@ -136,36 +136,50 @@ def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics)
         assert remap.frontier == ctx.source.upper()
 
 
-#: The crash points of reclock.faults: between the steps of ``reclock run``, and before, inside and after the
-#: delta-spark commits of tick, publish and compaction (its since append, then its remap and reclocked rewrites).
-KILL_POINTS = ("after-tick", "after-stage", "after-check", "after-publish", "after-resume",
-               "tick:before", "tick:inside", "tick:after", "publish:before", "publish:inside", "publish:after",
-               "compact:before", "compact:inside", "compact:after", "compact-remap:inside", "compact-reclocked:inside")
+#: The crash points of reclock.faults, by the step whose process reaches them: after each step, and before,
+#: inside and after the delta-spark commits of tick, publish and compaction (its since append, then its remap and
+#: reclocked rewrites).
+KILL_POINTS = {
+    "tick": ("after-tick", "tick:before", "tick:inside", "tick:after"),
+    "stage": ("after-stage",),
+    "check": ("after-check",),
+    "publish": ("after-publish", "publish:before", "publish:inside", "publish:after"),
+    "resume": ("after-resume",),
+    "compact": ("compact:before", "compact:inside", "compact:after", "compact-remap:inside",
+                "compact-reclocked:inside"),
+}
 FAULT_ROUNDS = int(os.environ.get("RECLOCK_FAULT_ROUNDS", "1"))
 
 
+def test_kill_points_cover_every_step():
+    assert tuple(KILL_POINTS) == pipeline.STEPS
+
+
 def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, topics):
-    """``reclock run`` killed (SIGKILL, with its JVM) at each crash point of :mod:`reclock.faults`, every
-    point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget: one round took 7 min 18 s in a
-    fresh-clone run here, each run starting a JVM; the issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``, about
-    6 hours).  Records arrive before
-    every run, and each run starts from what the last one's crash left; then one runs to completion and
-    the published table equals the engine's single-writer replay of remap: nothing lost, nothing twice."""
+    """``reclock <step>`` killed (SIGKILL, with its JVM) at each crash point of :mod:`reclock.faults` that its
+    step reaches, every point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget; the issue's 50
+    each is ``RECLOCK_FAULT_ROUNDS=50``).  Records arrive before every run, and each run starts from what the
+    last one's crash left: the steps before the killed one run here, then the killed one in a process of its
+    own (steps share only what they store, so a step dies there as it would inside ``reclock run``, without a
+    cold JVM paying for the steps before it).  Then one run completes, and the published table equals the
+    engine's single-writer replay of remap: nothing lost, nothing twice."""
     names, config = topics
     produced = []
     for round_ in range(FAULT_ROUNDS):
-        for point in KILL_POINTS:
-            for attempt in range(3):  # a point is not reached when there is nothing to do there yet
-                values = [(f"u{i}", f"{point}-{round_}-{attempt}-{i}", i % 3) for i in range(4)]
-                produce(kafka_broker, names["clicks"], values)
-                produced += [v[1] for v in values]
-                proc = run_cli(config, "run", "clicks", env_extra={"RECLOCK_KILL_AT": point})
-                output = proc.communicate(timeout=600)[0].decode(errors="replace")
-                if proc.returncode == -signal.SIGKILL:
-                    break
-                assert proc.returncode == 0, f"{point}: {output[-3000:]}"
-            else:
-                pytest.fail(f"crash point {point} was never reached")
+        for step, points in KILL_POINTS.items():
+            for point in points:
+                for attempt in range(3):  # a point is not reached when there is nothing to do there yet
+                    values = [(f"u{i}", f"{point}-{round_}-{attempt}-{i}", i % 3) for i in range(4)]
+                    produce(kafka_broker, names["clicks"], values)
+                    produced += [v[1] for v in values]
+                    pipeline.run_once("clicks", config, spark, steps=pipeline.STEPS[:pipeline.STEPS.index(step)])
+                    proc = run_cli(config, step, "clicks", env_extra={"RECLOCK_KILL_AT": point})
+                    output = proc.communicate(timeout=600)[0].decode(errors="replace")
+                    if proc.returncode == -signal.SIGKILL:
+                        break
+                    assert proc.returncode == 0, f"{point}: {output[-3000:]}"
+                else:
+                    pytest.fail(f"crash point {point} was never reached")
     pipeline.run_once("clicks", config, spark)
     assert_reclocked_is_replay("clicks", config, spark)
     assert sorted(r[0] for r in reclocked_rows("clicks", config)) == sorted(produced)

@@ -623,13 +623,22 @@ def _consumers_progress(name: str, config_path: str | None) -> list[int]:
             if name in (t.data_source, t.tx_source)]
 
 
-def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None) -> dict:
-    """Every step in order, in this process (what the DAG does, without Airflow)."""
-    steps = {"tick": lambda: tick(name, config_path, now, spark), "stage": lambda: stage(name, config_path, spark),
+#: The steps of a run, in order (the DAG's, and ``reclock run``'s).
+STEPS = ("tick", "stage", "check", "publish", "resume", "compact")
+
+
+def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None,
+             steps: tuple[str, ...] = STEPS) -> dict:
+    """Every step in order, in this process (what the DAG does, without Airflow); ``steps``: only those (in
+    :data:`STEPS`' order), e.g. the steps before the one a test runs in a process of its own."""
+    calls = {"tick": lambda: tick(name, config_path, now, spark), "stage": lambda: stage(name, config_path, spark),
              "check": lambda: check(name, config_path, spark), "publish": lambda: publish(name, config_path, spark),
              "resume": lambda: resume(name, config_path), "compact": lambda: compact(name, config_path, now, spark)}
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        raise ValueError(f"{name}: no such step {sorted(unknown)} (the steps: {', '.join(STEPS)})")
     done = {}
-    for step, run in steps.items():
-        done[step] = run()
+    for step in (s for s in STEPS if s in steps):
+        done[step] = calls[step]()
         kill_point(f"after-{step}")  # a crash point of the fault test (inert unless RECLOCK_KILL_AT names it)
     return done
