@@ -155,6 +155,11 @@ def test_kill_points_cover_every_step():
     assert tuple(KILL_POINTS) == pipeline.STEPS
 
 
+def test_run_once_refuses_an_unknown_step_before_any_work():
+    with pytest.raises(ValueError, match=r"clicks: no such step \['publsh'\] \(the steps: tick, stage, check,"):
+        pipeline.run_once("clicks", "/nonexistent/sources.yaml", steps=("tick", "publsh"))
+
+
 def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, topics):
     """``reclock <step>`` killed (SIGKILL, with its JVM) at each crash point of :mod:`reclock.faults` that its
     step reaches, every point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget; the issue's 50
