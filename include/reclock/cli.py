@@ -19,6 +19,7 @@ from .config import config_schema_text, load_config
 from .query import QueryError, common_readable, query_as_of
 from .status import status
 
+STEP_COMMANDS = (*pipeline.STEPS, "run")  # a step of a source, or all of them in order
 #: The IntoTimes a command accepts: from the epoch to the last ms of year 9999 (what an ISO datetime can name).
 INTO_TIMES = range(0, int(datetime(9999, 12, 31, 23, 59, 59, 999000, timezone.utc).timestamp() * 1000) + 1)
 MAX_LIMIT = 2**31 - 1  # Spark's show() takes a Java int
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="reclock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="sources config (default: $RECLOCK_CONFIG or include/sources.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for step in (*pipeline.STEPS, "run"):
+    for step in STEP_COMMANDS:
         sub.add_parser(step, help=f"run the {step} step for a source").add_argument("source")
     sub.add_parser("accept-lost", help="go on without records the upstream released before they were read "
                    "(retention): record the gap with remap").add_argument("source")
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         _check_names(args)
-        if args.command in (*pipeline.STEPS, "run"):
+        if args.command in STEP_COMMANDS:
             if args.command == "run":
                 done = pipeline.run_once(args.source, args.config)
             else:  # one step, with its crash point after it (reclock.faults)
