@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 import yaml
-from conftest import assert_reclocked_is_replay, edit_config, reclocked_rows, run_cli, spark_settings, write_config
+from conftest import assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli, write_config
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
@@ -160,7 +160,7 @@ def test_run_once_refuses_an_unknown_step_before_any_work():
         pipeline.run_once("clicks", "/nonexistent/sources.yaml", steps=("tick", "publsh"))
 
 
-def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, spark_connect, topics, tmp_path):
+def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, spark_connect, topics):
     """``reclock <step>`` killed (SIGKILL, with its process group) at each crash point of :mod:`reclock.faults`
     that its step reaches, every point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget; the
     issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``).  Records arrive before every run, and each run starts from
@@ -173,9 +173,7 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
     names, config = topics
-    over_connect = str(tmp_path / "sources-connect.yaml")  # the same sources and warehouse, steps over the server
-    open(over_connect, "w").write(open(config).read())
-    edit_config(over_connect, lambda doc: doc.update(spark=spark_settings(spark_connect)))
+    connected = over_connect(config, spark_connect)
     produced = []
     for round_ in range(FAULT_ROUNDS):
         for step, points in KILL_POINTS.items():
@@ -185,7 +183,7 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
                     produce(kafka_broker, names["clicks"], values)
                     produced += [v[1] for v in values]
                     pipeline.run_once("clicks", config, spark, steps=pipeline.STEPS[:pipeline.STEPS.index(step)])
-                    proc = run_cli(config if point.endswith(":inside") else over_connect, step, "clicks",
+                    proc = run_cli(config if point.endswith(":inside") else connected, step, "clicks",
                                    env_extra={"RECLOCK_KILL_AT": point})
                     output = proc.communicate(timeout=600)[0].decode(errors="replace")
                     if proc.returncode == -signal.SIGKILL:

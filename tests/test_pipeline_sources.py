@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from conftest import edit_config, write_sources_config
+from conftest import edit_config, over_connect, write_sources_config
 from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (session fixture)
 from reclock import check_log, pipeline, warehouse
 from devtools.kafka_broker import create_topic, produce
@@ -95,7 +95,7 @@ def confirmed_lsn(dsn):
     return lsn_to_int(lsn)
 
 
-def test_postgres_end_to_end(spark, pg):
+def test_postgres_end_to_end(spark, spark_connect, pg):
     import psycopg
 
     dsn, config = pg
@@ -147,8 +147,10 @@ def test_postgres_end_to_end(spark, pg):
     for t in (3_000, 4_000, 5_000):
         assert pg_view(spark, config, t) == snapshots[t]
 
-    # restart: a new process ticks (a new PostgresSource); a transaction commits before resume
-    code = f"from reclock import pipeline; print(pipeline.tick('pg', {config!r}, now=6_000))"
+    # restart: a new process ticks (a new PostgresSource, over the session's Spark Connect server: no cold JVM);
+    # a transaction commits before resume
+    connected = over_connect(config, spark_connect)
+    code = f"from reclock import pipeline; print(pipeline.tick('pg', {connected!r}, now=6_000))"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     snapshots[6_000] = pg_contents(dsn)
