@@ -143,9 +143,9 @@ def over_connect(config: str, remote: str) -> str:
     """A copy of the sources file ``config``, beside it, whose steps are clients of the Spark Connect server
     ``remote`` (the ``spark_connect`` fixture's URL): the same sources and warehouse, without a cold JVM in a
     step's process (run such steps in subprocesses: see :func:`spark_settings`)."""
-    path = os.path.join(os.path.dirname(config), "sources-connect.yaml")
-    with open(config) as f, open(path, "w") as copy:
-        copy.write(f.read())
+    import shutil
+
+    path = shutil.copyfile(config, os.path.join(os.path.dirname(config), "sources-connect.yaml"))
     edit_config(path, lambda doc: doc.update(spark=spark_settings(remote)))
     return path
 
