@@ -9,12 +9,15 @@ is built once per module and copied for each test.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import threading
 import time
 from collections import Counter
+from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
@@ -322,6 +325,44 @@ H = 3_600_000  # an hour in ms
 ])
 def test_vacuum_is_due_a_quarter_of_its_retention_after_the_last(last, now, hours, due):
     assert vacuum_due(last, now, hours) is due
+
+
+def age_removals(table: Path, hours: float) -> list[Path]:
+    """Make the files a Delta table's commits removed look removed, and written, ``hours`` ago: their
+    tombstones' ``deletionTimestamp`` in its JSON commits (checkpoints and checksums dropped, so the log is
+    read from those) and their mtimes; the files."""
+    then = time.time() - hours * 3600
+    log = table / "_delta_log"
+    for f in log.iterdir():
+        if f.suffix == ".crc" or "checkpoint" in f.name:
+            f.unlink()
+    removed = []
+    for commit in sorted(log.glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line]
+        for action in actions:
+            if "remove" in action:
+                action["remove"]["deletionTimestamp"] = int(then * 1000)
+                removed.append(table / unquote(action["remove"]["path"]))
+        commit.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    for path in removed:
+        os.utime(path, (then, then))
+    return removed
+
+
+def test_vacuum_deletes_files_removed_longer_ago_than_the_retention_it_is_given(history, tmp_path, spark):
+    """The source's ``vacuum_retention_hours`` is the retention VACUUM keeps: Delta 4 ignores ``RETAIN n
+    HOURS`` other than 0 (for its table property, 7 days by default) unless told not to."""
+    tables, _, _ = history
+    assert tables._consolidate_reclocked(25)  # replaces the files of the rows at or before 25
+    shutil.copytree(tables.uri, tmp_path / "aged" / "orders")  # a path the session has not read: a fresh log
+    aged = Warehouse(str(tmp_path / "aged")).source("orders", pa.int32(), DATA, spark=spark)
+    removed = age_removals(Path(aged.table_uri("reclocked")), hours=2)
+    assert removed and all(p.exists() for p in removed)
+    aged._vacuum("reclocked", 3)
+    assert all(p.exists() for p in removed)  # removed 2 h ago: kept 3 h
+    aged._vacuum("reclocked", 1)
+    assert not any(p.exists() for p in removed)  # kept 1 h: deleted, not kept 7 days
+    assert aged.read_reclocked_arrow().num_rows == tables.read_reclocked_arrow().num_rows
 
 
 def test_compact_resumes_after_a_crash_after_recording_since(history):

@@ -940,8 +940,15 @@ class SourceTables:
 
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
         """Delete files removed more than ``retention_hours`` ago, rounded up to whole hours (Delta VACUUM
-        rounds its retention to whole hours: 0.4 h would keep nothing)."""
-        with _conf(self.spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"):
+        rounds its retention to whole hours: 0.4 h would keep nothing).
+
+        Delta 4 ignores a ``RETAIN`` other than 0 hours by default, for the table property
+        ``delta.deletedFileRetentionDuration`` (7 days): then a source keeping files 30 days would lose
+        them after 7, and one keeping them an hour would keep them 7 days.  Its ``retentionWindowIgnore``
+        conf is turned off for the statement, so the retention is the source's, and no table property
+        (a metadata commit, conflicting with every write in flight) changes."""
+        with (_conf(self.spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"),
+              _conf(self.spark, "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled", "false")):
             self.spark.sql(f"VACUUM {_delta_path(self.table_uri(kind))} RETAIN {math.ceil(retention_hours)} HOURS")
 
     def _consolidate_remap(self, since: int) -> bool:
