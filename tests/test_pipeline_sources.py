@@ -417,7 +417,7 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
         offsets = sorted((r.partition, r.offset, r.into_time) for r in ctx.tables.read_dead_letters_spark(spark).collect())
     assert offsets == [(0, 3, 2_000), (1, 0, 2_000), (1, 1, 3_000)]
     assert sorted(r["value"] for r in reclocked("events", config)) == ["ok-1", "ok-2", "ok-3", "ok-4", "ok-5"]
-    since = readable("events", config).since  # run_once compacted (retention 2.5 s): optimized events_dead_letter too
+    since = readable("events", config).since  # run_once compacted (retention 2.5 s)
     assert since > 0 and replay("events", config, since, 4_000, spark)["equal"]  # a backfill replays what was published
 
     data = collect(config, upstream=False)  # the progress page shows the source's count

@@ -246,8 +246,9 @@ def history(built_history, tmp_path, spark):
 
 
 @pytest.mark.parametrize("offsets_unique", [False, True])  # the history has one row per offset: the same result
-def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_unique):
+def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_unique, monkeypatch):
     tables, remap, updates = history
+    monkeypatch.setattr(warehouse, "SMALL_FILES_MAX", 1)  # the few small files of the history are many
     before = tables.read_reclocked_arrow().to_pylist()
     first_files = tables.snapshot_files("reclocked", 1)
     assert first_files and all(os.path.exists(f) for f in first_files)
@@ -309,6 +310,18 @@ def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch)
     after = tables.snapshot_files("reclocked")
     assert len(set(after) - set(files)) == 1  # the rows at or before 25, in one file; the others' files as they were
     assert len(after) < len(files)
+
+
+def test_compaction_with_few_small_files_runs_no_optimize(history):
+    """Up to ``SMALL_FILES_MAX`` small files (here 2 after the rewrite) are left as they are: no OPTIMIZE, whose
+    Spark jobs take seconds even when they merge nothing."""
+    tables, remap, _ = history
+    versions = {k: tables.version(k) for k in KINDS}
+    tables.compact(25)
+    assert tables.read_remap() == remap.compact(25)
+    assert operations_after(tables, "reclocked", versions["reclocked"]) == ["WRITE", "VACUUM START", "VACUUM END"]
+    assert "OPTIMIZE" not in operations_after(tables, "remap", versions["remap"])
+    assert len(tables.snapshot_files("reclocked")) == 2  # the rows at or before 25; the publish of 40 (30's was empty)
 
 
 H = 3_600_000  # an hour in ms
@@ -405,7 +418,7 @@ def test_staged_but_unpublished_files_leave_the_table_unchanged(spark, tables):
 
 
 def test_many_ticks_keep_the_remap_table_small(tables, monkeypatch):
-    monkeypatch.setattr(warehouse, "REMAP_MAX_FILES", 3)  # small, so that a few ticks (commits) exceed it
+    monkeypatch.setattr(warehouse, "SMALL_FILES_MAX", 3)  # small, so that a few ticks (commits) exceed it
     remaps = ticks(Remap(), *[(t, {0: t, 1: 2 * t}) for t in range(1, 5)])
     for before, after in zip(remaps, remaps[1:]):
         assert tables.append_binding(before, after)

@@ -120,11 +120,14 @@ class WarehouseError(RuntimeError):
 
 #: How long VACUUM keeps the files a compaction replaced unless told otherwise (Delta's own default, 7 days).
 VACUUM_RETENTION_HOURS = 168.0
-REMAP_MAX_FILES = 32  # merge the remap table's per-tick files beyond this many
 #: Compaction rewrites the rows at or before ``since`` into files of about this size, and its OPTIMIZE merges
 #: only files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta's default, 1 GiB, would rewrite those files once more).
 COMPACTED_FILE_BYTES = 128 << 20
 OPTIMIZE_MIN_FILE_BYTES = 64 << 20
+#: A table's files below ``OPTIMIZE_MIN_FILE_BYTES`` (a tick or a publish adds one) are merged by Delta OPTIMIZE
+#: once there are more than this many (Delta's own auto compaction waits for 50): reads stay cheap, and a
+#: compaction or tick with a few small files pays no OPTIMIZE (seconds of Spark jobs even with nothing to merge).
+SMALL_FILES_MAX = 32
 
 
 def vacuum_due(last: int | None, now: int, retention_hours: float) -> bool:
@@ -517,7 +520,7 @@ class SourceTables:
         metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
         compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
                            REMAP_APP, version, _max_into_time(dt), metadata)
-        if self._remap_has_many_files():  # one file per tick: keep reads cheap
+        if self._has_many_small_files("remap"):  # a file per tick: keep reads cheap
             try:
                 self._optimize("remap")
             except Exception as e:  # the binding is stored; a racing tick's commit makes OPTIMIZE retry later
@@ -877,7 +880,8 @@ class SourceTables:
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
         3. advance reclocked IntoTimes to ``since`` there and consolidate diffs (in Spark; without a shuffle
            when ``offsets_unique``: see :meth:`_consolidate_reclocked`);
-        4. optimize (merge small files; remap's beyond ``REMAP_MAX_FILES``, as a tick does) and vacuum files
+        4. optimize (merge the files below ``OPTIMIZE_MIN_FILE_BYTES`` of a table with more than
+           ``SMALL_FILES_MAX`` of them, as a tick does remap's) and vacuum files
            removed more than ``retention_hours`` ago, in the dead-letter table too (its rows are all kept);
            a table vacuumed less than a quarter of that retention ago is not vacuumed yet (:func:`vacuum_due`).
 
@@ -897,7 +901,7 @@ class SourceTables:
         dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
         vacuumed = self.vacuumed()
         for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
-            if kind != "remap" or self._remap_has_many_files():  # remap: now one file at since and a file per tick
+            if self._has_many_small_files(kind):
                 self._optimize(kind)
             started = now_ms()
             if vacuum_due(vacuumed.get(kind), started, retention_hours):
@@ -905,9 +909,11 @@ class SourceTables:
                 vacuumed[kind] = started
                 self._record_vacuumed(vacuumed)
 
-    def _remap_has_many_files(self) -> bool:
-        """More than ``REMAP_MAX_FILES`` files in the remap table: time to merge them (Delta OPTIMIZE)."""
-        return len(self.table("remap").file_uris()) > REMAP_MAX_FILES
+    def _has_many_small_files(self, kind: Kind) -> bool:
+        """More than ``SMALL_FILES_MAX`` files below ``OPTIMIZE_MIN_FILE_BYTES`` in the table (from its Delta
+        log): time to merge them (Delta OPTIMIZE)."""
+        sizes = pa.table(self.table(kind).get_add_actions(flatten=True))["size_bytes"]
+        return (pc.sum(pc.less(sizes, OPTIMIZE_MIN_FILE_BYTES)).as_py() or 0) > SMALL_FILES_MAX
 
     def _optimize(self, kind: Kind) -> None:
         """Merge files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta OPTIMIZE; it commits only when there are files
