@@ -244,8 +244,13 @@ def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: i
 
     Either way :class:`ConcurrentWriteError` is raised and nothing is committed.  A commit without rows
     (an idle tick) may land in between: it added nothing, so appending after it counts nothing twice.
+
+    The check's ``max(into_time)`` scans the table's (small) files: Delta's metadata-only answer from the files'
+    statistics reconstructs the table's state twice more, six Spark jobs against three (ten per such commit
+    against seven, counted with Spark's status tracker), for the same value.
     """
-    append(_guarded(df, uri, read_max_into_time), uri, columns, app_id, version, metadata)
+    with _conf(df.sparkSession, "spark.databricks.delta.optimizeMetadataQuery.enabled", "false"):
+        append(_guarded(df, uri, read_max_into_time), uri, columns, app_id, version, metadata)
 
 
 def _save(writer, uri: str, app_id: str, version: int) -> None:
