@@ -492,6 +492,19 @@ def test_compare_and_append_checks_inside_the_delta_transaction(tables):
     assert tables.read_remap() == racer
 
 
+@pytest.mark.parametrize("before", [None, "true"])
+def test_a_guarded_commit_leaves_the_sessions_conf_as_it_was(tables, spark, before):
+    """The guard scans instead of Delta's metadata-only answer for this commit only: the session's own setting
+    (unset, or set by its user) is back once the commit is done."""
+    key = "spark.databricks.delta.optimizeMetadataQuery.enabled"
+    spark.conf.unset(key) if before is None else spark.conf.set(key, before)
+    try:
+        store(tables, ticks(Remap(), (5, {0: 3}), (8, {0: 6})))
+        assert spark.conf.get(key, None) == before
+    finally:
+        spark.conf.unset(key)
+
+
 def test_compare_and_append_refuses_a_commit_landing_while_its_job_runs(tables, spark):
     """A commit carrying the same app transaction that lands while the job runs: Delta refuses the loser."""
     import threading
