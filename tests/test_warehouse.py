@@ -211,6 +211,19 @@ def test_publish_of_an_empty_tick_records_the_upper(tables):
     assert tables.version("reclocked") == 1  # the upper commits alone, with no rows
 
 
+def test_a_batch_without_rows_publishes_without_scanning_the_table(tables, monkeypatch):
+    """After published rows, a staged batch whose files hold none is a plain append carrying the app transaction
+    (nothing to count twice): no compare's scan of the table; the window is published once."""
+    store(tables, ticks(Remap(), (10, {0: 1}), (11, {0: 1})))
+    stage_parquet(tables, 10, as_rows([("a", 0, 0, 10, 1)]))
+    assert tables.publish_staged(10)
+    stage_parquet(tables, 11, [])
+    monkeypatch.setattr(warehouse, "_guarded", lambda *args: pytest.fail("an empty batch scanned the table"))
+    assert tables.publish_staged(11)
+    assert tables.reclocked_upper() == 12 and tables.read_reclocked_arrow().num_rows == 1
+    assert not tables.publish_staged(11)
+
+
 # --- 3. compaction ---------------------------------------------------------------------------
 
 
@@ -540,7 +553,7 @@ def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
     def racing_check(*args):  # a faster publish of [5, 5] commits while this one checks its files
         monkeypatch.setattr(tables, "_check_staged", check)
         assert tables.publish_staged(5)
-        check(*args)
+        return check(*args)
 
     monkeypatch.setattr(tables, "_check_staged", racing_check)
     with pytest.raises(warehouse.ConcurrentWriteError):  # [5, 6] would publish offset 0 a second time

@@ -792,6 +792,10 @@ class SourceTables:
 
         Compare-and-append like :meth:`append_binding`: when another publish added rows after this one
         read the table, :class:`ConcurrentWriteError` and nothing written (the staged window would overlap).
+        A batch without rows (its files' footers say so) is a plain :func:`append`: appending nothing counts
+        nothing twice, and its app transaction still makes Delta refuse it when a racing publish commits while
+        it runs, and skip it when one already covered ``upto``.  The compare's scan of the table is three
+        Spark jobs of a tick with no new records.
         """
         dt = self._table_or_none("reclocked")
         published = -1 if dt is None else _app_version(dt, RECLOCKED_APP, -1)
@@ -803,11 +807,14 @@ class SourceTables:
         fs = self._fs()
         attempts, attempt = self._attempts(fs, upto)
         files = _parquet_files(fs, attempt)
-        for info in files:
-            self._check_staged(fs, info, published + 1, upto)
+        rows = sum(self._check_staged(fs, info, published + 1, upto) for info in files)
         self._publish_dead_letters(fs, attempt, upto)
-        compare_and_append(self._read_staged_files("reclocked", files), self.table_uri("reclocked"),
-                           self.schemas["reclocked"].names, RECLOCKED_APP, upto, _max_into_time(dt))
+        uri, names = self.table_uri("reclocked"), self.schemas["reclocked"].names
+        if rows:
+            compare_and_append(self._read_staged_files("reclocked", files), uri, names, RECLOCKED_APP, upto,
+                               _max_into_time(dt))
+        else:
+            append(self._read_staged_files("reclocked", []), uri, names, RECLOCKED_APP, upto)
         fs.delete_dir(_upto_dir(upto))  # copied into the table (or, for other attempts, never published)
         return True
 
@@ -835,8 +842,8 @@ class SourceTables:
         compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
                            upto, _max_into_time(dt))
 
-    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> None:
-        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer)."""
+    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> int:
+        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its rows."""
         meta = _footer(fs, info.path)
         found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
         if not _same_columns(found, expected):
@@ -846,6 +853,7 @@ class SourceTables:
         lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
         if lo < lower or hi > upto:
             raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
+        return meta.num_rows
 
     def snapshot_files(self, kind: Kind, version: int | None = None) -> list[str]:
         """URIs of the Parquet files of a snapshot (latest or ``version``), spelled for ``spark.read.parquet``."""
