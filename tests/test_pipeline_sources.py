@@ -360,6 +360,9 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     produce(kafka_broker, topic, [("k", "ok-1"), ("k", "ok-2")], partition=0)
     first = pipeline.run_once("events", config, spark, now=1_000)
     assert first["stage"]["dead_letters"] == 0 and first["publish"]["published"]
+    with pipeline.open_source("events", config, connect=False) as ctx:  # nothing to add: no dead-letter commit
+        assert ctx.tables._app_version("dead_letter", warehouse.DEAD_LETTER_APP, -1) == -1
+        assert ctx.tables.dead_letter_count() == 0  # the table is there, empty
 
     produce(kafka_broker, topic, [("k", "ok-3"), ("k", b"\xff\xfe not utf-8"), ("k", "ok-4")], partition=0)  # 2..4
     produce(kafka_broker, topic, [(b"\xc3\x28", b"bad key")], partition=1)  # offset 0

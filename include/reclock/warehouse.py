@@ -827,13 +827,17 @@ class SourceTables:
     def _publish_dead_letters(self, fs: pafs.FileSystem, attempt: str, upto: int) -> None:
         """Append the dead letters staged in ``attempt`` (if it has them) to the dead-letter table, creating it,
         with app ``reclock.dead_letter`` = ``upto``: only rows with an IntoTime after the app's version (those
-        before are in already), as a compare-and-append, so none is added twice."""
+        before are in already), as a compare-and-append, so none is added twice.  Staged files without rows (the
+        footers say so; most batches have no bad record) commit nothing: a later batch's dead letters all lie
+        after the app's version anyway."""
         from pyspark.sql import functions as F
 
         files = self._staged_dead_letter_files(fs, attempt)
         if files is None:
             return
         self._create_table_if_absent("dead_letter")
+        if not any(_footer(fs, i.path).num_rows for i in files):
+            return
         dt = self.table("dead_letter")
         done = _app_version(dt, DEAD_LETTER_APP, -1)
         if done >= upto:
