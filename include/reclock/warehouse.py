@@ -770,7 +770,7 @@ class SourceTables:
         """The rows of the latest complete staged attempt for ``upto``, from its files' footers (no Spark job)."""
         fs = self._fs()
         _, attempt = self._attempts(fs, upto)
-        return sum(_footer(fs, i.path).num_rows for i in _parquet_files(fs, attempt))
+        return _footer_rows(fs, _parquet_files(fs, attempt))
 
     def read_staged_spark(self, upto: int, spark=None):
         """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
@@ -836,7 +836,7 @@ class SourceTables:
         if files is None:
             return
         self._create_table_if_absent("dead_letter")
-        if not any(_footer(fs, i.path).num_rows for i in files):
+        if not _footer_rows(fs, files):
             return
         dt = self.table("dead_letter")
         done = _app_version(dt, DEAD_LETTER_APP, -1)
@@ -1097,6 +1097,11 @@ def _parquet_files(fs: pafs.FileSystem, directory: str) -> list[pafs.FileInfo]:
 def _footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
     with fs.open_input_file(path) as f:
         return pq.read_metadata(f)
+
+
+def _footer_rows(fs: pafs.FileSystem, files: list[pafs.FileInfo]) -> int:
+    """The rows of Parquet ``files``, from their footers (no Spark job)."""
+    return sum(_footer(fs, i.path).num_rows for i in files)
 
 
 def _attempt_dir(parent: str) -> str:
