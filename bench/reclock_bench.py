@@ -9,9 +9,10 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
              reclock = one full run through the real code path, ``pipeline.run_once``:
                        tick -> stage -> check -> publish -> resume -> compact, on the one Spark session
              copy    = Spark's own Kafka source reading the same offsets into a Delta table (no remap, no
-                       IntoTime, no checks): the physical limit here; it runs after reclock, so it reads
-                       a warm page cache (the ratio errs against reclock)
-             ratio   = reclock / copy
+                       IntoTime, no checks): the physical limit here; once before reclock and once after,
+                       all three after an untimed read of the offsets (the first reader of records just
+                       produced is the slowest, and the JVM warms up from one size to the next)
+             ratio   = reclock / mean of the two copies
 
              and the peak RSS, during the reclock run, of the Spark driver (the JVM of a local session) and
              of this Python process (where an Airflow task runs the steps); with ``--connect``, also the most
@@ -62,7 +63,7 @@ import yaml
 from devtools.kafka_broker import LocalBroker, create_topic
 from reclock import pipeline
 from reclock.config import load_config
-from reclock.sources.kafka import SPARK_FETCH_MAX_WAIT_MS
+from reclock.sources.kafka import SPARK_FETCH_MAX_WAIT_MS, KafkaSource
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
@@ -232,17 +233,29 @@ def produce(spark, bootstrap: str, topic: str, start: int, count: int, partition
      .option("kafka.linger.ms", "20").option("kafka.batch.size", str(1 << 20)).save())
 
 
+def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]):
+    """Spark's own Kafka source over offsets ``[start, end)`` of each partition in ``bounds``, with reclock's
+    ``fetch.max.wait.ms`` (:data:`reclock.sources.kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
+    ~0.5 s per partition at the log end, and the baseline must not be slower than it need be."""
+    offsets_at = lambda i: json.dumps({topic: {str(p): b[i] for p, b in bounds.items()}})  # noqa: E731
+    return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("kafka.isolation.level", "read_committed").option("subscribe", topic)
+            .option("kafka.fetch.max.wait.ms", str(SPARK_FETCH_MAX_WAIT_MS))
+            .option("startingOffsets", offsets_at(0)).option("endingOffsets", offsets_at(1)).load())
+
+
+def read_through(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]) -> None:
+    """Read the offsets once, untimed, writing nothing (Spark's ``noop`` sink): the first reader of records just
+    produced is slower than the next ones (1M records read three times in a row, copied each time: 7.61, 6.23 and
+    6.00 s), and no timed reader should be that first one."""
+    kafka_range(spark, bootstrap, topic, bounds).write.format("noop").mode("overwrite").save()
+
+
 def spark_copy(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]], out: Path) -> float:
     """Spark's own Kafka source reads offsets ``[start, end)`` of each partition and writes a Delta table; the
-    seconds it took (the row count is checked afterwards, untimed).  Its consumers fetch with the
-    ``fetch.max.wait.ms`` reclock's reads use (:data:`reclock.sources.kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's
-    default would cost it ~0.5 s per partition at the log end, and the baseline must not be slower than it need be."""
-    offsets_at = lambda i: json.dumps({topic: {str(p): b[i] for p, b in bounds.items()}})  # noqa: E731
+    seconds it took (the row count is checked afterwards, untimed)."""
     start = time.perf_counter()
-    (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-     .option("kafka.isolation.level", "read_committed").option("subscribe", topic)
-     .option("kafka.fetch.max.wait.ms", str(SPARK_FETCH_MAX_WAIT_MS))
-     .option("startingOffsets", offsets_at(0)).option("endingOffsets", offsets_at(1)).load()
+    (kafka_range(spark, bootstrap, topic, bounds)
      .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value", "partition", "offset", "timestamp")
      .write.format("delta").mode("overwrite").save(out.as_uri()))
     seconds = time.perf_counter() - start
@@ -250,6 +263,15 @@ def spark_copy(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, i
     if (rows := spark.read.format("delta").load(out.as_uri()).count()) != expected:
         raise RuntimeError(f"Spark copy of {topic} wrote {rows} rows, expected {expected}")
     return seconds
+
+
+def topic_upper(bootstrap: str, topic: str) -> dict[int, int]:
+    """Per partition of ``topic``, its upper (the offset the next record gets: what a tick binds now)."""
+    source = KafkaSource(bootstrap_servers=bootstrap, topic=topic, group_id="reclock-bench")
+    try:
+        return source.upper().as_dict()
+    finally:
+        source.close()
 
 
 def bound_offsets(name: str, config: str, into_time: int) -> dict[int, tuple[int, int]]:
@@ -316,21 +338,32 @@ class Bench:
     # sizes ------------------------------------------------------------------------------------
 
     def size(self, records: int) -> dict:
+        """reclock's full run of ``records`` new records, between two of Spark's copies of the same offsets (one
+        before, one after: the JVM is still warming up from one size to the next, and the mean of the two
+        copies is what a copy takes at the time of the run), all three after an untimed read of them
+        (:func:`read_through`)."""
         a = self.args
         name = self.add_source(f"n{records}", a.partitions)
+        topic = self.sources[name][0]
         pipeline.run_once(name, str(self.config), self.spark)  # creates the tables; binds nothing
+        before = topic_upper(self.bootstrap, topic)
         self.produce(name, records)
+        bounds = {p: (before.get(p, 0), end) for p, end in topic_upper(self.bootstrap, topic).items()}
+        read_through(self.spark, self.bootstrap, topic, bounds)
+        copies = [spark_copy(self.spark, self.bootstrap, topic, bounds, self.workdir / f"copy-{name}-before")]
         reclock = self.run(name)
         if reclock["staged_rows"] != records:
             raise RuntimeError(f"{name}: staged {reclock['staged_rows']} rows, produced {records}")
-        bounds = bound_offsets(name, str(self.config), reclock["into_time"])
+        if (bound := bound_offsets(name, str(self.config), reclock["into_time"])) != bounds:
+            raise RuntimeError(f"{name}: the tick bound {bound}, the copies read {bounds}")
         copy = self.workdir / f"copy-{name}"
-        copy_s = spark_copy(self.spark, self.bootstrap, self.sources[name][0], bounds, copy)
+        copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
+        copy_s = sum(copies) / len(copies)
         compaction = self.compaction(name, copy) if a.compaction else {}
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
-                "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"], "peak_rss": reclock["peak_rss"],
-                "driver_heap_after_gc": reclock["driver_heap_after_gc"], "driver_heap_retained": reclock["driver_heap_retained"],
-                "source": name, **compaction}
+                "copies_s": copies, "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"],
+                "peak_rss": reclock["peak_rss"], "driver_heap_after_gc": reclock["driver_heap_after_gc"],
+                "driver_heap_retained": reclock["driver_heap_retained"], "source": name, **compaction}
 
     def compaction(self, name: str, copy: Path) -> dict:
         """A compaction that folds the measured batch: one more run binds ``COMPACTED_EXTRA`` records at a later
@@ -369,7 +402,8 @@ class Bench:
                          mib(r["peak_rss"]["driver"]), mib(r["driver_heap_after_gc"]), mib(r["driver_heap_retained"]),
                          mib(r["peak_rss"]["python"])])
             print(f"  {records:,}: reclock {r['reclock_s']:.2f}s (" + ", ".join(
-                f"{s} {t:.2f}" for s, t in r["steps_s"].items()) + f"), copy {r['copy_s']:.2f}s", flush=True)
+                f"{s} {t:.2f}" for s, t in r["steps_s"].items()) + f"), copy {r['copy_s']:.2f}s (before "
+                f"{r['copies_s'][0]:.2f}s, after {r['copies_s'][1]:.2f}s)", flush=True)
             if "compact_s" in r:
                 print(f"    a compaction folding them (and {COMPACTED_EXTRA:,} more, bound later) at one IntoTime: "
                       f"{r['compact_s']:.2f}s; Spark rewriting the copy's Delta table: {r['rewrite_s']:.2f}s "
