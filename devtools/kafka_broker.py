@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,13 @@ def _quiet_logger() -> logging.Logger:
     return logging.getLogger("reclock.librdkafka")
 
 
-def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+def cluster_id(draw: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A Kafka cluster id: 16 random bytes (``draw``), URL-safe base64 without padding, drawn again while it has a
+    ``-``, as Kafka's own ``Uuid.randomUuid`` does: ``kafka-storage format -t -x...`` takes an id that starts with
+    one for an option and fails (one broker start in 64 did)."""
+    while "-" in (text := base64.urlsafe_b64encode(draw()).decode().rstrip("=")):
+        pass
+    return text
 
 
 class LocalBroker:
@@ -186,7 +190,7 @@ class LocalBroker:
                                                   log_dir=log_dir))
         (self.data_dir / "log4j2.properties").write_text(LOG4J2.format(level=self.log_level))
         if not (log_dir / "meta.properties").exists():
-            fmt = subprocess.run(self._java(jars, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+            fmt = subprocess.run(self._java(jars, "kafka.tools.StorageTool", "format", "-t", cluster_id(),
                                             "-c", str(props), "--ignore-formatted"),
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
             if fmt.returncode:

@@ -216,6 +216,18 @@ def test_local_broker_restart_keeps_data(tmp_path):
             assert src.upper() == Frontier.of({0: 2})
 
 
+@pytest.mark.parametrize("draws, expected", [
+    ([bytes(16)], "AAAAAAAAAAAAAAAAAAAAAA"),
+    ([b"\xf8" + bytes(15), bytes(16)], "AAAAAAAAAAAAAAAAAAAAAA"),  # "-AAA...": an option to kafka-storage
+    ([bytes(15) + b"\xf8", b"\xff" * 16], "_____________________w"),  # "AAA...-A" too
+])
+def test_cluster_id_never_has_a_dash(draws, expected):
+    from devtools.kafka_broker import cluster_id
+
+    drawn = iter(draws)
+    assert cluster_id(lambda: next(drawn)) == expected
+
+
 def test_broker_start_failure_reports_log_tail():
     import socket
 
