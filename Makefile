@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup demo test test-fast bench clean
 
 KINESIS := devtools/kinesis
+# Test worker processes (pytest-xdist), a test file to each; 0 runs the tests in this process alone.
+TEST_WORKERS ?= 2
 
 setup: $(STAMP) $(KINESIS)/node_modules/.installed
 	bash jvm/fetch-jars.sh $(BIN)/python
@@ -29,7 +31,7 @@ demo: setup
 	$(BIN)/python -m devtools.demo
 
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
