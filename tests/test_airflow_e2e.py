@@ -23,7 +23,7 @@ from airflow.sdk import task
 @task(task_id="corrupt")
 def corrupt():
     import glob, pyarrow.compute as pc, pyarrow.parquet as pq
-    pending = max(glob.glob(STAGED + "/staged/upto=*"), key=lambda d: int(d.rsplit("=", 1)[1]))
+    pending = max(glob.glob(STAGED + "/reclocked/staged/upto=*"), key=lambda d: int(d.rsplit("=", 1)[1]))
     attempt = sorted(glob.glob(pending + "/*/"))[-1]  # the newest attempt: what check reads
     for path in sorted(glob.glob(attempt + "*.parquet")):
         table = pq.read_table(path)

@@ -137,7 +137,7 @@ def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics)
 
 
 #: The crash points of reclock.faults, by the step whose process reaches them: after each step, and before,
-#: inside and after the delta-spark commits of tick, publish and compaction (its since append, then its remap and
+#: inside and after the Delta commits of tick, publish and compaction (its since append, then its remap and
 #: reclocked rewrites).
 KILL_POINTS = {
     "tick": ("after-tick", "tick:before", "tick:inside", "tick:after"),
@@ -149,6 +149,8 @@ KILL_POINTS = {
                 "compact-reclocked:inside"),
 }
 FAULT_ROUNDS = int(os.environ.get("RECLOCK_FAULT_ROUNDS", "1"))
+#: The points inside a commit that Spark's JVM writes (publish's commit is the step's own, delta-rs: its process dies).
+JVM_COMMITS = {p for points in KILL_POINTS.values() for p in points if p.endswith(":inside")} - {"publish:inside"}
 
 
 def test_kill_points_cover_every_step():
@@ -167,8 +169,9 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     what the last one's crash left: the steps before the killed one run here, then the killed one in a process
     of its own (steps share only what they store, so a step dies there as it would inside ``reclock run``).
 
-    A point inside a Delta commit kills a step with its own local Spark, so the dying JVM is the one writing.
-    Every other point lies between Spark calls, where a driver holds nothing the tables need: there the step is
+    A point inside a Delta commit that Spark writes (:data:`JVM_COMMITS`) kills a step with its own local Spark,
+    so the dying JVM is the one writing.  Every other point lies between Spark calls, or inside the step's own
+    commit (publish's), where a driver holds nothing the tables need: there the step is
     a client of the session's Spark Connect server (the DAGs' long-lived Spark), which dies without a cold JVM.
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
@@ -183,7 +186,7 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
                     produce(kafka_broker, names["clicks"], values)
                     produced += [v[1] for v in values]
                     pipeline.run_once("clicks", config, spark, steps=pipeline.STEPS[:pipeline.STEPS.index(step)])
-                    proc = run_cli(config if point.endswith(":inside") else connected, step, "clicks",
+                    proc = run_cli(config if point in JVM_COMMITS else connected, step, "clicks",
                                    env_extra={"RECLOCK_KILL_AT": point})
                     output = proc.communicate(timeout=600)[0].decode(errors="replace")
                     if proc.returncode == -signal.SIGKILL:

@@ -90,7 +90,7 @@ def test_a_key_held_twice_is_refused(spark, db, tmp_path):
         staged, schema = ctx.tables.read_staged(upto), ctx.tables.schemas["reclocked"]
     insert = staged[staged["row"] == '{"id":7,"bal":"70"}']
     assert len(insert) == 1 and insert["diff"].iloc[0] == 1
-    (attempt,) = glob.glob(f"{tmp_path}/warehouse/bank/staged/upto={upto}/*/")
+    (attempt,) = glob.glob(f"{tmp_path}/warehouse/bank/reclocked/staged/upto={upto}/*/")
     pq.write_table(pa.Table.from_pandas(insert, schema=schema, preserve_index=False), f"{attempt}/part-replayed.parquet")
     with pytest.raises(ChecksFailed) as failed:
         pipeline.check("bank", config, spark)

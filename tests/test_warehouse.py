@@ -88,8 +88,9 @@ def test_spark_staged_files_publish_in_one_commit(spark, tables):
     assert tables.stage(reclocked_frame(spark, tables, expected), 11) == 4
     assert rows_of(pa.Table.from_pandas(tables.read_staged(11))) == rows_of(pa.Table.from_pylist(expected))
     version = tables.version("reclocked")
-    staged = f"{tables.uri}/staged"  # outside the Delta tables
-    assert [n for _, _, names in os.walk(f"{staged}/upto=11") for n in names if n.endswith(".parquet")]
+    staged = f"{tables.uri}/reclocked/staged"  # in the table's directory, not in its log
+    written = {n for _, _, names in os.walk(f"{staged}/upto=11") for n in names if n.endswith(".parquet")}
+    assert written
 
     assert tables.publish_staged(11)
 
@@ -104,7 +105,9 @@ def test_spark_staged_files_publish_in_one_commit(spark, tables):
     assert spark_rows(snapshot) == rows_of(pa.Table.from_pylist(expected))  # the snapshot's files, read by Spark
     assert spark_rows(tables.read_reclocked_spark(spark)) == rows_of(pa.Table.from_pylist(expected))
     assert tables.reclocked_upper() == 12
-    assert not [name for _, _, names in os.walk(staged) for name in names]  # copied in, then removed
+    # the staged files are the table's files now: committed as they are, not copied; the rest of the attempt goes
+    assert {unquote(os.path.basename(f)) for f in dt.file_uris()} == written
+    assert {n for _, _, names in os.walk(staged) for n in names if not n.endswith(".crc")} == written
 
     assert not tables.publish_staged(11)  # idempotent: already published
     assert tables.stage(reclocked_frame(spark, tables, expected), 11) == 0  # nothing staged again
@@ -211,17 +214,34 @@ def test_publish_of_an_empty_tick_records_the_upper(tables):
     assert tables.version("reclocked") == 1  # the upper commits alone, with no rows
 
 
-def test_a_batch_without_rows_publishes_without_scanning_the_table(tables, monkeypatch):
-    """After published rows, a staged batch whose files hold none is a plain append carrying the app transaction
-    (nothing to count twice): no compare's scan of the table; the window is published once."""
+def test_a_batch_without_rows_commits_its_upper_and_no_file(tables):
+    """After published rows, a staged batch whose files hold none commits the app transaction alone: no file is added
+    (the staged empty one is removed with its attempt), and the window is published once."""
     store(tables, ticks(Remap(), (10, {0: 1}), (11, {0: 1})))
     stage_parquet(tables, 10, as_rows([("a", 0, 0, 10, 1)]))
     assert tables.publish_staged(10)
+    files, version = tables.snapshot_files("reclocked"), tables.version("reclocked")
     stage_parquet(tables, 11, [])
-    monkeypatch.setattr(warehouse, "_guarded", lambda *args: pytest.fail("an empty batch scanned the table"))
     assert tables.publish_staged(11)
     assert tables.reclocked_upper() == 12 and tables.read_reclocked_arrow().num_rows == 1
+    assert tables.version("reclocked") == version + 1 and tables.snapshot_files("reclocked") == files
+    assert not [name for _, _, names in os.walk(f"{tables.uri}/reclocked/staged/upto=11") for name in names]
     assert not tables.publish_staged(11)
+
+
+def test_published_file_statistics_keep_strings_only_short_and_ascii(tmp_path):
+    """A published file's Delta statistics come from its footer: exact int bounds and null counts; a string's
+    bounds only when both are ASCII of at most ``STATS_STRING_CHARS`` (a reader skips files by them, so a bound
+    must order as Delta orders strings; a missing one only skips nothing)."""
+    import pyarrow.parquet as pq
+
+    long = "x" * (warehouse.STATS_STRING_CHARS + 1)
+    table = pa.table({"n": pa.array([3, None, -7], pa.int64()), "short": ["b", None, "a"],
+                      "long": ["a", long, "b"], "accent": ["é", "a", "b"]})
+    pq.write_table(table, tmp_path / "f.parquet", row_group_size=2)  # bounds over two row groups
+    stats = warehouse._parquet_stats(pq.read_metadata(tmp_path / "f.parquet"), warehouse.STATS_STRING_CHARS)
+    assert stats == {"numRecords": 3, "minValues": {"n": -7, "short": "a"}, "maxValues": {"n": 3, "short": "b"},
+                     "nullCount": {"n": 1, "short": 1, "long": 0, "accent": 0}}
 
 
 # --- 3. compaction ---------------------------------------------------------------------------

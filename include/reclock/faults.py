@@ -4,8 +4,9 @@
 driver, its JVM and Spark's Python workers, all lost at once as in a machine crash), on reaching ``<point>``:
 
 * ``after-<step>``: a step of :func:`reclock.pipeline.run_once` returned (``tick``, ``stage``, ...);
-* ``<commit>:before``, ``<commit>:inside``, ``<commit>:after``: around a delta-spark commit: ``tick`` (the
-  remap append), ``publish`` (the reclocked append), ``compact`` (the ``since`` append), ``compact-remap`` and
+* ``<commit>:before``, ``<commit>:inside``, ``<commit>:after``: around a Delta commit: ``tick`` (the
+  remap append), ``publish`` (the staged files added to the reclocked table: delta-rs, in the step's own
+  process; the others are delta-spark's), ``compact`` (the ``since`` append), ``compact-remap`` and
   ``compact-reclocked`` (compaction's rewrites).  ``inside``: as soon as the write adds a file to the table's
   directory (a data file, or its ``_delta_log`` commit), before the write returns (local tables only).
 """

@@ -2,7 +2,8 @@
 
 Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`), through the
 DataFrame API and Delta's SQL (CREATE TABLE, OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``,
-which needs Delta's own plugin on a Spark Connect server.
+which needs Delta's own plugin on a Spark Connect server.  One commit is not Spark's: a publish adds the files
+Spark staged to the reclocked table with delta-rs, a commit of metadata only (below).
 Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
 writes), so it commits atomically with the rows it describes and survives overwrites:
 
@@ -11,8 +12,9 @@ writes), so it commits atomically with the rows it describes and survives overwr
 * reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
 
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
-after a crash commits nothing twice.  Ticks and publishes are compare-and-appends
-(:func:`compare_and_append`): racing writers never count rows twice.  The remap table's properties
+after a crash commits nothing twice.  Ticks are compare-and-appends (:func:`compare_and_append`), and a
+publish's commit is refused when another one carrying its app transaction landed since it read the table
+(:func:`_commit_added`): racing writers never count rows twice.  The remap table's properties
 record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``,
 ``reclock.epochs``.
 A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published IntoTimes
@@ -24,12 +26,15 @@ one per partition after compaction), for the steps and pages that must not start
 (status, the progress page, the checks of remap). Everything else reads through Spark, AS OF
 reads at a pinned table version with Delta time travel (``versionAsOf``).
 
-Spark stages a batch of reclocked rows as Parquet under ``<source>/staged/upto=<t>/<attempt>/``
-(outside the Delta tables: a fresh attempt directory per :meth:`SourceTables.stage`, ``_SUCCESS``
-marks a complete one); :meth:`SourceTables.publish_staged` appends the latest complete attempt to
-the reclocked table in one idempotent commit, then removes the staged files.  What the checks need to
-know of a batch from the upstream (a Postgres source's primary keys) is written first, as the attempt's
-``_batch.json`` (:meth:`SourceTables.staged_metadata`), so ``_SUCCESS`` covers it too.
+Spark stages a batch of reclocked rows as Parquet under ``<source>/reclocked/staged/upto=<t>/<attempt>/``
+(a fresh attempt directory per :meth:`SourceTables.stage`, ``_SUCCESS`` marks a complete one): inside the
+reclocked table's directory, but not in its Delta log, so no reader sees them.  Once checked,
+:meth:`SourceTables.publish_staged` adds the latest complete attempt's files to the table as they are, in one
+idempotent commit (delta-rs: Delta ``add`` actions with statistics from the files' footers, and the app
+transaction), and removes the rest of the attempt: the batch is written once, by Spark.  Attempts never
+published are removed by the publish; after a crash in between, VACUUM removes their data files (not in the log).  What the
+checks need to know of a batch from the upstream (a Postgres source's primary keys) is written first, as the
+attempt's ``_batch.json`` (:meth:`SourceTables.staged_metadata`), so ``_SUCCESS`` covers it too.
 
 ``<root>/<name>/landing`` holds records a source could not serve again later, landed once in the
 warehouse (a Postgres source's initial snapshot, read under a snapshot that dies with its
@@ -55,6 +60,7 @@ import os
 import shutil
 import time
 import uuid
+from urllib.parse import quote
 from contextlib import contextmanager
 from typing import Iterator, Literal, NamedTuple
 
@@ -88,6 +94,7 @@ START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.ide
 EPOCHS_PROPERTY = "reclock.epochs"
 STAGED = "staged"
 SUCCESS = "_SUCCESS"
+STATS_STRING_CHARS = 32  # string min/max kept in the statistics of published files (as delta-spark's prefix)
 
 
 class UpstreamRecord(NamedTuple):
@@ -788,14 +795,14 @@ class SourceTables:
         return attempts, complete[-1]
 
     def publish_staged(self, upto: int) -> bool:
-        """Append the latest complete staged attempt for ``upto`` in one idempotent commit; False if already published.
+        """Add the latest complete staged attempt for ``upto`` to the reclocked table in one idempotent commit, its
+        files as they are (not copied); False if already published.
 
-        Compare-and-append like :meth:`append_binding`: when another publish added rows after this one
-        read the table, :class:`ConcurrentWriteError` and nothing written (the staged window would overlap).
-        A batch without rows (its files' footers say so) is a plain :func:`append`: appending nothing counts
-        nothing twice, and its app transaction still makes Delta refuse it when a racing publish commits while
-        it runs, and skip it when one already covered ``upto``.  The compare's scan of the table is three
-        Spark jobs of a tick with no new records.
+        The files are checked first, from their footers: the table's columns, IntoTimes in
+        ``(published, upto]``.  The commit carries the app transaction ``reclock.reclocked`` = ``upto``: when a
+        racing publish committed one since this one read the table, Delta refuses it (:class:`ConcurrentWriteError`,
+        nothing written), so no window is added twice.  A batch without rows commits the app transaction alone.
+        Other attempts for ``upto`` (never published) are deleted, and the published one keeps only its data files.
         """
         dt = self._table_or_none("reclocked")
         published = -1 if dt is None else _app_version(dt, RECLOCKED_APP, -1)
@@ -804,18 +811,21 @@ class SourceTables:
         remap_upper = self.remap_upper()
         if upto >= remap_upper:
             raise WarehouseError(f"cannot publish up to {upto}: remap upper is {remap_upper}")
+        if dt is None:
+            raise WarehouseError(f"{self.table_uri('reclocked')}: no reclocked table to publish into")
         fs = self._fs()
         attempts, attempt = self._attempts(fs, upto)
-        files = _parquet_files(fs, attempt)
-        rows = sum(self._check_staged(fs, info, published + 1, upto) for info in files)
+        staged = [(info, self._check_staged(fs, info, published + 1, upto)) for info in _parquet_files(fs, attempt)]
+        staged = [(info, meta) for info, meta in staged if meta.num_rows]  # not a file without rows
         self._publish_dead_letters(fs, attempt, upto)
-        uri, names = self.table_uri("reclocked"), self.schemas["reclocked"].names
-        if rows:
-            compare_and_append(self._read_staged_files("reclocked", files), uri, names, RECLOCKED_APP, upto,
-                               _max_into_time(dt))
+        _commit_added(dt, [_add_action(info, meta, "reclocked") for info, meta in staged], RECLOCKED_APP, upto)
+        for other in attempts:  # never published
+            if other != attempt:
+                fs.delete_dir(other)
+        if staged:
+            _drop_staging_leftovers(fs, attempt, [info.base_name for info, _ in staged])
         else:
-            append(self._read_staged_files("reclocked", []), uri, names, RECLOCKED_APP, upto)
-        fs.delete_dir(_upto_dir(upto))  # copied into the table (or, for other attempts, never published)
+            fs.delete_dir(_upto_dir(upto))
         return True
 
     def _read_staged_files(self, kind: Kind, files: list[pafs.FileInfo]):
@@ -846,8 +856,8 @@ class SourceTables:
         compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
                            upto, _max_into_time(dt))
 
-    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> int:
-        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its rows."""
+    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> pq.FileMetaData:
+        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its footer."""
         meta = _footer(fs, info.path)
         found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
         if not _same_columns(found, expected):
@@ -857,7 +867,7 @@ class SourceTables:
         lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
         if lo < lower or hi > upto:
             raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
-        return meta.num_rows
+        return meta
 
     def snapshot_files(self, kind: Kind, version: int | None = None) -> list[str]:
         """URIs of the Parquet files of a snapshot (latest or ``version``), spelled for ``spark.read.parquet``."""
@@ -1083,6 +1093,51 @@ def _max_into_time(dt: DeltaTable | None) -> int | None:
     return pc.max(dt.to_pyarrow_dataset().to_table(columns=["into_time"])["into_time"]).as_py()
 
 
+def _add_action(info: pafs.FileInfo, meta: pq.FileMetaData, kind: Kind):
+    """The Delta ``add`` action of a staged Parquet file (``info``: its path relative to the source, inside table
+    ``kind``'s directory): its path relative to the table, size, and statistics from its footer ``meta``."""
+    from deltalake.transaction import AddAction
+
+    if not info.path.startswith(f"{kind}/"):
+        raise WarehouseError(f"staged file {info.path} lies outside the {kind} table's directory")
+    return AddAction(quote(info.path[len(kind) + 1:], safe="/="), info.size, {},
+                     info.mtime_ns // 1_000_000 if info.mtime_ns else now_ms(), True,
+                     json.dumps(_parquet_stats(meta, STATS_STRING_CHARS)))
+
+
+def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int) -> None:
+    """Commit ``added`` files (possibly none) to the table ``dt`` was read at, with the app transaction ``app_id`` =
+    ``version``, in one Delta commit (delta-rs: the files are there already, Spark wrote them).
+
+    A commit carrying ``app_id`` that landed since ``dt``'s version makes Delta's conflict check refuse this one:
+    :class:`ConcurrentWriteError`, nothing committed.  Other commits in between (a compaction's rewrite of rows
+    before ``since``, an idle tick) do not conflict with an append.
+    """
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+
+    uri = dt.table_uri
+    with commit_point(_COMMITS.get(app_id, app_id), uri):
+        try:
+            dt.create_write_transaction(added, "append", dt.schema(), commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id, version, now_ms())]))
+        except CommitFailedError as e:
+            if "Concurrent" not in str(e):
+                raise
+            raise ConcurrentWriteError(f"{uri}: another writer committed {app_id} since this step read the table "
+                                       f"(committing {app_id} = {version}); nothing written") from None
+
+
+def _drop_staging_leftovers(fs: pafs.FileSystem, attempt: str, committed: list[str]) -> None:
+    """Remove what a published attempt holds besides the ``committed`` files (names; now the table's) and their
+    checksums: ``_SUCCESS``, ``_batch.json``, the dead letters (published), files without rows."""
+    keep = set(committed) | {f".{name}.crc" for name in committed}
+    for info in fs.get_file_info(pafs.FileSelector(attempt)):
+        if info.base_name in keep:
+            continue
+        fs.delete_dir(info.path) if info.type == pafs.FileType.Directory else fs.delete_file(info.path)
+
+
 def _rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:
     return dt.to_pyarrow_dataset().to_table(filter=filter).select(schema.names).cast(schema)
 
@@ -1110,7 +1165,7 @@ def _attempt_dir(parent: str) -> str:
 
 
 def _upto_dir(upto: int) -> str:
-    return f"{STAGED}/upto={upto}"
+    return f"reclocked/{STAGED}/upto={upto}"
 
 
 def _spark_uri(uri: str) -> str:
@@ -1135,8 +1190,9 @@ def _schema_diff(found: pa.Schema, expected: pa.Schema) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _parquet_stats(meta: pq.FileMetaData) -> dict:
-    """Delta file statistics from Parquet footers: row count, null counts, min/max of int and string columns."""
+def _parquet_stats(meta: pq.FileMetaData, string_chars: int | None = None) -> dict:
+    """Delta file statistics from Parquet footers: row count, null counts, min/max of int and string columns
+    (``string_chars``: only strings of ASCII up to that length, whose order no encoding or truncation changes)."""
     stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     arrow = meta.schema.to_arrow_schema()
     for j in range(meta.num_columns):
@@ -1149,6 +1205,9 @@ def _parquet_stats(meta: pq.FileMetaData) -> dict:
         stats["nullCount"][name] = sum(s.null_count for s in chunks)
         kind = arrow.field(name).type
         if (pa.types.is_integer(kind) or pa.types.is_string(kind)) and all(s.has_min_max for s in chunks):
-            stats["minValues"][name] = min(s.min for s in chunks)
-            stats["maxValues"][name] = max(s.max for s in chunks)
+            low, high = min(s.min for s in chunks), max(s.max for s in chunks)
+            if string_chars is not None and pa.types.is_string(kind) and not all(
+                    len(v) <= string_chars and v.isascii() for v in (low, high)):
+                continue
+            stats["minValues"][name], stats["maxValues"][name] = low, high
     return stats
