@@ -512,6 +512,29 @@ def test_append_binding_refuses_when_another_tick_stored_increments(tables):
     assert tables.read_remap() == first
 
 
+def test_an_idle_tick_commits_its_upper_alone_and_loses_a_race_like_any_tick(tables, monkeypatch):
+    """A tick binding no new offsets commits the app transaction and the upstream it saw: no file, no Spark write.
+    Another tick committing while it runs (after it read remap) makes Delta refuse it: it writes nothing."""
+    base = store(tables, ticks(Remap(), (5, {0: 3})))
+    files, upstream = tables.snapshot_files("remap"), Frontier.of({0: 3})
+    monkeypatch.setattr(warehouse, "compare_and_append", lambda *args, **kw: pytest.fail("an idle tick ran Spark"))
+    first, second = (base.mint(t, upstream) for t in (7, 8))
+    remap_rows = tables._remap_rows
+
+    def racing_rows(rows):  # the tick binding 7 commits while the one binding 8 prepares its commit
+        monkeypatch.setattr(tables, "_remap_rows", remap_rows)
+        assert tables.append_binding(base, first, upstream=upstream)
+        return remap_rows(rows)
+
+    monkeypatch.setattr(tables, "_remap_rows", racing_rows)
+    with pytest.raises(warehouse.ConcurrentWriteError, match="another writer committed reclock.remap"):
+        tables.append_binding(base, second, upstream=upstream)
+    assert tables.remap_upper() == 8 and tables.read_remap() == first
+    assert tables.append_binding(first, first.mint(9, upstream), upstream=upstream)
+    assert tables.remap_upper() == 10 and tables.snapshot_files("remap") == files
+    assert {t: u for t, u in tables.recorded_upstreams().items() if t > 5} == {7: upstream, 9: upstream}
+
+
 def test_compare_and_append_checks_inside_the_delta_transaction(tables):
     """The check runs when the write's job runs: a frame built before another writer committed still fails."""
     base = store(tables, ticks(Remap(), (5, {0: 3})))

@@ -11,8 +11,9 @@ writes), so it commits atomically with the rows it describes and survives overwr
 * remap table, app ``reclock.since``: version = compaction frontier ``since``;
 * reclocked table, app ``reclock.reclocked``: version = last published IntoTime.
 
-A write whose ``txnVersion`` is not above the stored one is skipped by Delta, so a step rerun
-after a crash commits nothing twice.  Ticks are compare-and-appends (:func:`compare_and_append`), and a
+A write whose ``txnVersion`` is not above the stored one is skipped by Delta (a delta-rs commit,
+:func:`_commit_added`, is made only after reading the stored version, and refused if a racing commit set it
+since), so a step rerun after a crash commits nothing twice.  Ticks are compare-and-appends (:func:`compare_and_append`), and a
 publish's commit is refused when another one carrying its app transaction landed since it read the table
 (:func:`_commit_added`): racing writers never count rows twice.  The remap table's properties
 record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``,
@@ -515,7 +516,9 @@ class SourceTables:
 
         Compare-and-append (:func:`compare_and_append`): :class:`ConcurrentWriteError` and nothing written
         when another tick stored increments after ``remap_before`` was read, so racing ticks (a schedule and
-        a manual run, two workers) never count an increment twice.
+        a manual run, two workers) never count an increment twice.  A tick binding no new offsets (an idle
+        source) has no rows to compare or write: it commits its app transaction and metadata alone
+        (:func:`_commit_added`, no Spark job), refused the same way when another tick committed since it read.
         """
         version = remap_after.upper - 1
         dt = self._table_or_none("remap")
@@ -530,6 +533,9 @@ class SourceTables:
                                        f"{self.uri} has upper {stored + 1}: another tick committed; nothing written")
         rows = self._remap_rows(r for r in remap_after.increments() if r.into_time >= remap_before.upper)
         metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
+        if rows.num_rows == 0 and dt is not None:
+            _commit_added(dt, [], REMAP_APP, version, metadata)
+            return True
         compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
                            REMAP_APP, version, _max_into_time(dt), metadata)
         if self._has_many_small_files("remap"):  # a file per tick: keep reads cheap
@@ -1105,13 +1111,18 @@ def _add_action(info: pafs.FileInfo, meta: pq.FileMetaData, kind: Kind):
                      json.dumps(_parquet_stats(meta, STATS_STRING_CHARS)))
 
 
-def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int) -> None:
+_DELTA_RS_CONFLICTS = ("Concurrent", "changed since last commit")  # delta-rs's conflicts (CommitFailedError)
+
+
+def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int, metadata: dict | None = None) -> None:
     """Commit ``added`` files (possibly none) to the table ``dt`` was read at, with the app transaction ``app_id`` =
-    ``version``, in one Delta commit (delta-rs: the files are there already, Spark wrote them).
+    ``version`` (and ``metadata`` as the commit's ``userMetadata``), in one Delta commit (delta-rs: the files are
+    there already, Spark wrote them).
 
     A commit carrying ``app_id`` that landed since ``dt``'s version makes Delta's conflict check refuse this one:
-    :class:`ConcurrentWriteError`, nothing committed.  Other commits in between (a compaction's rewrite of rows
-    before ``since``, an idle tick) do not conflict with an append.
+    :class:`ConcurrentWriteError`, nothing committed; so does one that changed the table's metadata (a new epoch's
+    properties).  Other commits in between (a compaction's rewrite of rows before ``since``) do not conflict
+    with an append.
     """
     from deltalake import CommitProperties, Transaction
     from deltalake.exceptions import CommitFailedError
@@ -1120,9 +1131,10 @@ def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int) -> Non
     with commit_point(_COMMITS.get(app_id, app_id), uri):
         try:
             dt.create_write_transaction(added, "append", dt.schema(), commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id, version, now_ms())]))
+                app_transactions=[Transaction(app_id, version, now_ms())],
+                custom_metadata=None if metadata is None else {"userMetadata": json.dumps(metadata, sort_keys=True)}))
         except CommitFailedError as e:
-            if "Concurrent" not in str(e):
+            if not any(conflict in str(e) for conflict in _DELTA_RS_CONFLICTS):
                 raise
             raise ConcurrentWriteError(f"{uri}: another writer committed {app_id} since this step read the table "
                                        f"(committing {app_id} = {version}); nothing written") from None
