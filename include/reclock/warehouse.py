@@ -2,8 +2,9 @@
 
 Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`), through the
 DataFrame API and Delta's SQL (CREATE TABLE, OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``,
-which needs Delta's own plugin on a Spark Connect server.  One commit is not Spark's: a publish adds the files
-Spark staged to the reclocked table with delta-rs, a commit of metadata only (below).
+which needs Delta's own plugin on a Spark Connect server.  Two commits are delta-rs's, of metadata only
+(:func:`_commit_added`): a publish adding the files Spark staged to the reclocked table (below), and an idle
+tick's (no new offsets) remap upper.
 Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
 writes), so it commits atomically with the rows it describes and survives overwrites:
 
@@ -13,11 +14,11 @@ writes), so it commits atomically with the rows it describes and survives overwr
 
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta (a delta-rs commit,
 :func:`_commit_added`, is made only after reading the stored version, and refused if a racing commit set it
-since), so a step rerun after a crash commits nothing twice.  Ticks are compare-and-appends (:func:`compare_and_append`), and a
-publish's commit is refused when another one carrying its app transaction landed since it read the table
-(:func:`_commit_added`): racing writers never count rows twice.  The remap table's properties
-record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``, ``reclock.gaps``,
-``reclock.epochs``.
+since), so a step rerun after a crash commits nothing twice.  Ticks are compare-and-appends
+(:func:`compare_and_append`), and a delta-rs commit is refused when another one carrying its app transaction
+landed since it read the table (:func:`_commit_added`): racing writers never count rows twice.  The remap
+table's properties record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``,
+``reclock.gaps``, ``reclock.epochs``.
 A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published IntoTimes
 in one ``replaceWhere`` overwrite without an app transaction, so the versions stay as they were.
 
@@ -33,9 +34,10 @@ reclocked table's directory, but not in its Delta log, so no reader sees them.  
 :meth:`SourceTables.publish_staged` adds the latest complete attempt's files to the table as they are, in one
 idempotent commit (delta-rs: Delta ``add`` actions with statistics from the files' footers, and the app
 transaction), and removes the rest of the attempt: the batch is written once, by Spark.  Attempts never
-published are removed by the publish; after a crash in between, VACUUM removes their data files (not in the log).  What the
-checks need to know of a batch from the upstream (a Postgres source's primary keys) is written first, as the
-attempt's ``_batch.json`` (:meth:`SourceTables.staged_metadata`), so ``_SUCCESS`` covers it too.
+published are removed by the publish; after a crash in between, VACUUM removes their data files (not in the
+log).  What the checks need to know of a batch from the upstream (a Postgres source's primary keys) is
+written first, as the attempt's ``_batch.json`` (:meth:`SourceTables.staged_metadata`), so ``_SUCCESS``
+covers it too.
 
 ``<root>/<name>/landing`` holds records a source could not serve again later, landed once in the
 warehouse (a Postgres source's initial snapshot, read under a snapshot that dies with its
@@ -61,9 +63,9 @@ import os
 import shutil
 import time
 import uuid
-from urllib.parse import quote
 from contextlib import contextmanager
 from typing import Iterator, Literal, NamedTuple
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
