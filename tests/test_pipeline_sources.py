@@ -394,21 +394,21 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
 
     # A publish cut after the dead letters and before the records; the next tick brings one more bad record, and
     # the batch is staged again over the longer window: each dead letter is in the table once.
-    real = warehouse.append  # every commit's write (compare_and_append's too)
+    real = warehouse._commit_added  # the reclocked commit (the dead letters' is delta-spark's compare_and_append)
 
-    def cut(df, uri, columns, app_id, version, metadata=None):
+    def cut(dt, added, app_id, version, metadata=None):
         if app_id == warehouse.RECLOCKED_APP:
             raise RuntimeError("killed between the dead-letter and the reclocked commits")
-        real(df, uri, columns, app_id, version, metadata)
+        real(dt, added, app_id, version, metadata)
 
     produce(kafka_broker, topic, [("k", b"\x80")], partition=1)  # offset 1
     pipeline.tick("events", config, now=3_000, spark=spark)
     pipeline.stage("events", config, spark)
     pipeline.check("events", config)
-    monkeypatch.setattr(warehouse, "append", cut)
+    monkeypatch.setattr(warehouse, "_commit_added", cut)
     with pytest.raises(RuntimeError, match="killed"):
         pipeline.publish("events", config, spark)
-    monkeypatch.setattr(warehouse, "append", real)
+    monkeypatch.setattr(warehouse, "_commit_added", real)
     with pipeline.open_source("events", config, connect=False, spark=spark) as ctx:
         assert (ctx.tables.dead_letter_count(), ctx.tables.reclocked_upper()) == (3, 2_001)
     produce(kafka_broker, topic, [("k", "ok-5")], partition=1)  # offset 2
