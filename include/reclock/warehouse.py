@@ -824,9 +824,9 @@ class SourceTables:
         fs = self._fs()
         attempts, attempt = self._attempts(fs, upto)
         staged = [(info, self._check_staged(fs, info, published + 1, upto)) for info in _parquet_files(fs, attempt)]
-        staged = [(info, meta) for info, meta in staged if meta.num_rows]  # not a file without rows
+        staged = [(info, stats) for info, stats in staged if stats["numRecords"]]  # not a file without rows
         self._publish_dead_letters(fs, attempt, upto)
-        _commit_added(dt, [_add_action(info, meta, "reclocked") for info, meta in staged], RECLOCKED_APP, upto)
+        _commit_added(dt, [_add_action(info, stats, "reclocked") for info, stats in staged], RECLOCKED_APP, upto)
         for other in attempts:  # never published
             if other != attempt:
                 fs.delete_dir(other)
@@ -837,10 +837,8 @@ class SourceTables:
         return True
 
     def _read_staged_files(self, kind: Kind, files: list[pafs.FileInfo]):
-        """A Spark DataFrame of staged Parquet ``files`` with table ``kind``'s schema."""
-        schema = self.spark_schema(kind)
-        return (self.spark.read.schema(schema).parquet(*[self._spark_path(i.path) for i in files]) if files
-                else self.spark.createDataFrame([], schema))
+        """A Spark DataFrame of staged Parquet ``files`` (at least one) with table ``kind``'s schema."""
+        return self.spark.read.schema(self.spark_schema(kind)).parquet(*[self._spark_path(i.path) for i in files])
 
     def _publish_dead_letters(self, fs: pafs.FileSystem, attempt: str, upto: int) -> None:
         """Append the dead letters staged in ``attempt`` (if it has them) to the dead-letter table, creating it,
@@ -864,8 +862,9 @@ class SourceTables:
         compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
                            upto, _max_into_time(dt))
 
-    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> pq.FileMetaData:
-        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its footer."""
+    def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> dict:
+        """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its Delta
+        statistics (:func:`_parquet_stats`)."""
         meta = _footer(fs, info.path)
         found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
         if not _same_columns(found, expected):
@@ -875,7 +874,7 @@ class SourceTables:
         lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
         if lo < lower or hi > upto:
             raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
-        return meta
+        return stats
 
     def snapshot_files(self, kind: Kind, version: int | None = None) -> list[str]:
         """URIs of the Parquet files of a snapshot (latest or ``version``), spelled for ``spark.read.parquet``."""
@@ -1101,16 +1100,16 @@ def _max_into_time(dt: DeltaTable | None) -> int | None:
     return pc.max(dt.to_pyarrow_dataset().to_table(columns=["into_time"])["into_time"]).as_py()
 
 
-def _add_action(info: pafs.FileInfo, meta: pq.FileMetaData, kind: Kind):
+def _add_action(info: pafs.FileInfo, stats: dict, kind: Kind):
     """The Delta ``add`` action of a staged Parquet file (``info``: its path relative to the source, inside table
-    ``kind``'s directory): its path relative to the table, size, and statistics from its footer ``meta``."""
+    ``kind``'s directory): its path relative to the table, size, and ``stats`` (from its footer)."""
     from deltalake.transaction import AddAction
 
     if not info.path.startswith(f"{kind}/"):
         raise WarehouseError(f"staged file {info.path} lies outside the {kind} table's directory")
     return AddAction(quote(info.path[len(kind) + 1:], safe="/="), info.size, {},
                      info.mtime_ns // 1_000_000 if info.mtime_ns else now_ms(), True,
-                     json.dumps(_parquet_stats(meta, STATS_STRING_CHARS)))
+                     json.dumps(stats))
 
 
 _DELTA_RS_CONFLICTS = ("Concurrent", "changed since last commit")  # delta-rs's conflicts (CommitFailedError)
@@ -1204,9 +1203,9 @@ def _schema_diff(found: pa.Schema, expected: pa.Schema) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _parquet_stats(meta: pq.FileMetaData, string_chars: int | None = None) -> dict:
+def _parquet_stats(meta: pq.FileMetaData, string_chars: int = STATS_STRING_CHARS) -> dict:
     """Delta file statistics from Parquet footers: row count, null counts, min/max of int and string columns
-    (``string_chars``: only strings of ASCII up to that length, whose order no encoding or truncation changes)."""
+    (of strings only ASCII ones up to ``string_chars`` long, whose order no encoding or truncation changes)."""
     stats: dict = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     arrow = meta.schema.to_arrow_schema()
     for j in range(meta.num_columns):
@@ -1220,7 +1219,7 @@ def _parquet_stats(meta: pq.FileMetaData, string_chars: int | None = None) -> di
         kind = arrow.field(name).type
         if (pa.types.is_integer(kind) or pa.types.is_string(kind)) and all(s.has_min_max for s in chunks):
             low, high = min(s.min for s in chunks), max(s.max for s in chunks)
-            if string_chars is not None and pa.types.is_string(kind) and not all(
+            if pa.types.is_string(kind) and not all(
                     len(v) <= string_chars and v.isascii() for v in (low, high)):
                 continue
             stats["minValues"][name], stats["maxValues"][name] = low, high
