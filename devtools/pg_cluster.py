@@ -20,12 +20,12 @@ listen_addresses = ''
 unix_socket_directories = '{sock}'
 port = {port}
 wal_level = logical
-max_replication_slots = 20
-max_wal_senders = 20
+max_replication_slots = 40
+max_wal_senders = 40
 fsync = off
 full_page_writes = off
 shared_buffers = 32MB
-max_connections = 40
+max_connections = 100
 """
 
 

@@ -6,24 +6,74 @@ import os
 import sys
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 
 from reclock.engine import Frontier
 
 
-@pytest.fixture(scope="session")
-def kafka_broker():
-    """Bootstrap string ``host:port`` of a local Apache Kafka broker (KRaft), one per test session."""
-    from devtools.kafka_broker import LocalBroker
+# --- the order workers take test files in ----------------------------------------------------------
 
-    with LocalBroker() as broker:
-        yield broker.bootstrap
+#: The test files that take longest (measured: pytest --durations), handed to the workers first, so that the last
+#: file a worker takes is a short one and neither worker waits long for the other at the end.  A scheduling hint
+#: only: any order gives the same results.
+LONGEST_FIRST = ("test_pipeline.py", "test_connections.py", "test_postgres_snapshot.py", "test_warehouse.py",
+                 "test_pipeline_sources.py", "test_recorded_gauges.py", "test_checks.py", "test_backfill.py",
+                 "test_upstream.py", "test_spark_connect.py", "test_races.py", "test_postgres_types.py",
+                 "test_dags.py", "test_kinesis_source.py", "test_spark_source.py", "test_progress_view.py",
+                 "test_airflow_e2e.py", "test_standalone.py", "test_truncate.py", "test_transactions.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+# --- one set of servers per test run (devtools.services) ------------------------------------------
+
+
+def pytest_configure(config):
+    """The controller (not an xdist worker) opens the run's shared servers and hands them to the workers."""
+    from devtools import services
+
+    if not hasattr(config, "workerinput"):
+        config.reclock_servers = services.Run.open()
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_HandServersToWorkers(config.reclock_servers.dir))
+
+
+class _HandServersToWorkers:
+    def __init__(self, directory):
+        self.directory = str(directory)
+
+    def pytest_configure_node(self, node):
+        node.workerinput["reclock_servers"] = self.directory
+
+
+def pytest_unconfigure(config):
+    run = getattr(config, "reclock_servers", None)
+    if run is not None:
+        run.close()
+
+
+def shared_server(config, name: str) -> dict:
+    """The address of the run's shared server ``name`` (started on first use: devtools.services)."""
+    from devtools import services
+
+    directory = config.workerinput["reclock_servers"] if hasattr(config, "workerinput") else config.reclock_servers.dir
+    return services.address(directory, name)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(pytestconfig):
+    """Bootstrap string ``host:port`` of the run's Apache Kafka broker (KRaft)."""
+    return shared_server(pytestconfig, "kafka")["bootstrap"]
 
 
 @pytest.fixture
 def kafka_topic(kafka_broker):
-    """Factory: ``kafka_topic(partitions=1, prefix="t")`` creates a fresh topic on the session broker
+    """Factory: ``kafka_topic(partitions=1, prefix="t")`` creates a fresh topic on the run's broker
     and returns its name."""
     from devtools.kafka_broker import create_topic
 
@@ -36,28 +86,39 @@ def kafka_topic(kafka_broker):
 
 
 @pytest.fixture(scope="session")
-def spark_connect():
-    """URL ``sc://127.0.0.1:PORT`` of a local Spark Connect server with reclock's jars and settings (a long-lived
-    Spark: devtools.spark_connect), one per test session.  Its clients run in subprocesses (airflow_env.run_python):
-    a process with a local session (this one: the ``spark`` fixture) cannot open a Connect session too."""
-    from devtools.spark_connect import LocalSparkConnect
+def spark_connect(pytestconfig):
+    """URL ``sc://127.0.0.1:PORT`` of the run's Spark Connect server with reclock's jars and settings (a
+    long-lived Spark: devtools.spark_connect).  Its clients run in subprocesses (airflow_env.run_python): a
+    process with a local session (the ``spark`` fixture's) cannot open a Connect session too."""
+    return shared_server(pytestconfig, "spark_connect")["url"]
 
-    with LocalSparkConnect() as server:
-        yield server.url
+
+class SharedKinesis:
+    """The run's kinesis-local server, as tests use it: ``endpoint``, ``client()``, ``options()``."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def client(self):
+        from devtools.kinesis_server import client
+
+        return client(self.endpoint)
+
+    def options(self) -> dict:
+        from devtools.kinesis_server import CREDENTIALS, REGION
+
+        return {"endpoint_url": self.endpoint, "region": REGION, **CREDENTIALS}
 
 
 @pytest.fixture(scope="session")
-def kinesis_server():
-    """A Kinesis-compatible server (kinesis-local, on Node.js) on a free port, one per test session; stopped by PID."""
-    from devtools.kinesis_server import KinesisServer
-
-    with KinesisServer() as server:
-        yield server
+def kinesis_server(pytestconfig):
+    """The run's Kinesis-compatible server (kinesis-local, on Node.js)."""
+    return SharedKinesis(shared_server(pytestconfig, "kinesis")["endpoint"])
 
 
 @pytest.fixture
 def kinesis_stream(kinesis_server):
-    """Factory: ``kinesis_stream(shards=1)`` creates a fresh stream on the session server; its name."""
+    """Factory: ``kinesis_stream(shards=1)`` creates a fresh stream on the run's server; its name."""
     from devtools.kinesis_server import create_stream
 
     def make(shards: int = 1, prefix: str = "s") -> str:
@@ -68,19 +129,81 @@ def kinesis_stream(kinesis_server):
     return make
 
 
-@pytest.fixture(scope="session", autouse=True)
-def spark():
-    """A local[2] Spark session whose Python workers run this interpreter (so they import reclock).
+class SharedPostgres:
+    """The run's Postgres cluster (wal_level=logical), as tests use it: ``dsn(dbname)``."""
 
-    Autouse: it is the session's first Spark session, so the one every in-process step gets back
-    from ``getOrCreate`` has the S3 jars that tests/test_s3.py needs."""
-    # Spark's Python workers default to `python3` on PATH, which is not the venv.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    def __init__(self, socket: str, port: int):
+        self.socket, self.port = socket, port
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host={self.socket} port={self.port} user=postgres dbname={dbname}"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pytestconfig):
+    """The run's private Postgres cluster (skips when Postgres is not installed)."""
+    from devtools.pg_cluster import pg_bin_dir
+
+    if pg_bin_dir() is None:
+        pytest.skip("PostgreSQL server binaries not installed")
+    info = shared_server(pytestconfig, "postgres")
+    return SharedPostgres(info["socket"], info["port"])
+
+
+@contextmanager
+def fresh_database(cluster, *statements: str):
+    """A new database of ``cluster`` with ``statements`` run in it; its DSN.  Afterwards the database and its
+    replication slots are dropped.  Slot names are the cluster's, not the database's: two test files that run at
+    once on the run's cluster must not use the same slot name."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(cluster.dsn(name), autocommit=True) as c:
+        for statement in statements:
+            c.execute(statement)
+    try:
+        yield cluster.dsn(name)
+    finally:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+            for (slot,) in c.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s",
+                                     (name,)).fetchall():
+                c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            c.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+# --- Spark, only where asked ----------------------------------------------------------------------
+
+# Every local Spark session of a test process, the ``spark`` fixture's or one a step starts itself, runs its Python
+# workers on this interpreter (Spark's default, `python3` on PATH, is not the venv) and has the S3 jars
+# tests/test_s3.py needs, whichever test starts it first.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("RECLOCK_SPARK_S3", "1")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] Spark session.  Only tests that ask for it (or run a step that starts Spark) get a JVM:
+    ``pytest tests/test_engine.py`` starts none."""
     from reclock.spark_session import get_spark
 
-    session = get_spark("local[2]", app_name="reclock-tests", s3=True)  # s3a too: tests/test_s3.py
+    session = get_spark("local[2]", app_name="reclock-tests")
     yield session
     session.stop()
+
+
+def wait_for(condition, timeout: float, what: str, every: float = 0.05):
+    """Poll ``condition()`` until it is truthy (returned) or ``timeout`` seconds passed (AssertionError naming
+    ``what``): a test waits on the event it needs (a port, a file, a commit), never for a fixed time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(every)
+    return result
 
 
 def stage_parquet(tables, upto: int, rows: list[dict], schema=None) -> str:
@@ -258,3 +381,13 @@ def check_engine_laws(data, records) -> None:
     assert Counter({r[:4]: r[4] for r in reclock(updates, compacted)}) == compact_updates(reclocked, since)
     for _, p, start, end in compacted.ranges():  # ranges never split a record from its IntoTime
         assert start < end
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The wall time of ``make test`` (set-up included) when it started this run."""
+    started = os.environ.get("RECLOCK_MAKE_STARTED")
+    if started and not hasattr(config, "workerinput"):
+        import time
+
+        seconds = int(time.time()) - int(started)
+        terminalreporter.write_line(f"make test: wall time {seconds // 60} min {seconds % 60} s (set-up included)")

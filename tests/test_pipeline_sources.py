@@ -15,8 +15,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from conftest import edit_config, over_connect, write_sources_config
-from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (session fixture)
+from conftest import edit_config, fresh_database, over_connect, write_sources_config
 from reclock import check_log, pipeline, warehouse
 from devtools.kafka_broker import create_topic, produce
 from reclock.checks import ChecksFailed

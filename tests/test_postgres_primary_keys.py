@@ -12,8 +12,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from conftest import write_sources_config  # noqa: E402
-from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session fixture)
+from conftest import fresh_database, write_sources_config  # noqa: E402
 from reclock import check_log, pipeline  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.sources.postgres import PostgresSource, int_to_lsn  # noqa: E402

@@ -17,8 +17,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from conftest import run_cli, write_sources_config  # noqa: E402
-from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session fixture)
+from conftest import fresh_database, run_cli, write_sources_config  # noqa: E402
 from reclock import pipeline  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session fixture)
+from conftest import fresh_database  # noqa: E402
 from reclock.engine import Frontier  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.postgres import PostgresSource, lsn_to_int  # noqa: E402

@@ -15,8 +15,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from conftest import write_sources_config  # noqa: E402
-from pg_cluster import fresh_database, pg_cluster  # noqa: E402,F401  (session fixture)
+from conftest import fresh_database, write_sources_config  # noqa: E402
 from reclock import pipeline  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
