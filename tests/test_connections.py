@@ -11,10 +11,9 @@ import yaml
 
 from airflow_env import prepare_home, run, run_dag_test
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from conftest import reclocked_rows, run_cli, spark_settings
+from conftest import fresh_database, over_connect, reclocked_rows, run_cli, spark_settings
 from devtools.airflow_home import AIRFLOW, kafka_connection, postgres_connection
 from devtools.kafka_broker import create_topic, produce
-from pg_cluster import fresh_database, pg_cluster  # noqa: F401  (a session fixture)
 from reclock import pipeline
 from reclock.config import load_config
 from reclock.connections import environment, resolved_options
@@ -86,14 +85,16 @@ def test_a_missing_or_wrong_connection_names_the_source_and_the_conn_id(tmp_path
             pass
 
 
-def test_the_password_is_in_no_repr_error_or_log(tmp_path, monkeypatch, pg_cluster):  # noqa: F811
+def test_the_password_is_in_no_repr_error_or_log(tmp_path, monkeypatch, pg_cluster, spark, spark_connect):
     """A Postgres source from a connection with a password: its repr, the error of a failed connect and the
-    logs of ticks by the CLI (which resolves AIRFLOW_CONN_<ID> as Airflow does) never show the password."""
+    logs of ticks by the CLI (which resolves AIRFLOW_CONN_<ID> as Airflow does; clients of the run's Spark
+    Connect server) never show the password."""
     with fresh_database(pg_cluster, "CREATE TABLE items (id int PRIMARY KEY, name text)",
                         "INSERT INTO items VALUES (1, 'a')") as dsn:
         env = postgres_connection("reclock_pg", dsn, password=PASSWORD)
         config = config_with(tmp_path, pg_entry())
-        proc = run_cli(config, "tick", "inventory", env_extra=env)
+        connected = over_connect(config, spark_connect)
+        proc = run_cli(connected, "tick", "inventory", env_extra=env)
         logs = proc.communicate(timeout=600)[0].decode()
         assert proc.returncode == 0 and "inventory: tick at" in logs, logs[-3000:]
         monkeypatch.setenv(*env.popitem())
@@ -104,7 +105,7 @@ def test_the_password_is_in_no_repr_error_or_log(tmp_path, monkeypatch, pg_clust
         with pytest.raises(SourceError) as e:
             pipeline.tick("inventory", config)
         assert "absent_" in str(e.value)  # the error is about the database it could not reach
-        proc = run_cli(config, "tick", "inventory", env_extra=env)
+        proc = run_cli(connected, "tick", "inventory", env_extra=env)
         failed = proc.communicate(timeout=600)[0].decode()
         assert proc.returncode == 2 and "absent_" in failed, failed[-3000:]
     for text in shown + [str(e.value), logs, failed]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import uuid
 from collections import Counter
 
 import pytest
-from conftest import check_engine_laws, run_cli, write_sources_config
+from conftest import check_engine_laws, over_connect, run_cli, write_sources_config
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devtools.kinesis_server import create_stream, delete_stream, merge, open_shards, put, shards, split
@@ -77,7 +78,7 @@ def live_records(source: KinesisSource) -> list[dict]:
 @pytest.fixture(scope="module")
 def resharded_stream(kinesis_server):
     """A stream of 4 shards with records before and after a split and a merge; its records."""
-    k, name = kinesis_server.client(), "laws"
+    k, name = kinesis_server.client(), f"laws-{uuid.uuid4().hex[:8]}"  # the server is the whole run's
     create_stream(k, name, shards=4)
     first = open_shards(k, name)
     for round_, change in enumerate([None, lambda: split(k, name, first[0]),
@@ -197,15 +198,17 @@ def test_records_that_may_have_expired_are_refused(spark, tmp_path, kinesis_serv
 
 
 @pytest.mark.slow
-def test_restart_after_sigkill_mid_tick_loses_and_duplicates_nothing(spark, tmp_path, kinesis_server, kinesis_stream):
+def test_restart_after_sigkill_mid_tick_loses_and_duplicates_nothing(spark, spark_connect, tmp_path, kinesis_server,
+                                                                     kinesis_stream):
     k, stream = kinesis_server.client(), kinesis_stream(shards=4)
     config = kinesis_config(tmp_path, kinesis_server, stream, max_records=700)
     sent = {}
     for s in open_shards(k, stream):
         data = [f"{s[-1]}-{i}".encode() for i in range(250)]
         sent.update({(s, int(seq)): d for seq, d in zip(put(k, stream, data, s), data)})
-    # a tick killed right after its landing committed, before it bound anything
-    proc = run_cli(config, "tick", "kin")
+    # a tick (a client of the run's Spark Connect server) killed right after its landing committed, before it
+    # bound anything
+    proc = run_cli(over_connect(config, spark_connect), "tick", "kin")
     for line in proc.stdout:
         if b"landed" in line:
             os.killpg(proc.pid, signal.SIGKILL)

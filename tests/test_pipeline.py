@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 
 import pytest
 import yaml
-from conftest import assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli, write_config
+from conftest import (assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli, wait_for,
+                      write_config)
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
@@ -108,16 +108,33 @@ def test_compact_keeps_the_files_of_a_read_in_flight(kafka_broker, spark, topics
             in_flight.collect()
 
 
-def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, topics):
-    """SIGKILL the whole pipeline at several points, then run it again: the result is exact."""
+def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, spark_connect, topics, tmp_path):
+    """SIGKILL ``reclock run`` (a client of the run's Spark Connect server, as the DAGs' steps are) at several points,
+    then run it again: the result is exact.  The kills land on events of the run, not after fixed delays: as it
+    starts, as remap's log gains a commit (the tick), as a staged attempt appears (the server may finish writing it
+    after the client is gone), as reclocked's log gains a commit (the publish).  A JVM dying inside its own
+    commits is :func:`test_sigkill_at_every_step_boundary_and_delta_commit`'s."""
     names, config = topics
+    connected = over_connect(config, spark_connect)
+    source = tmp_path / "warehouse" / "clicks"
+
+    def entries(path):
+        return set(os.listdir(path)) if path.is_dir() else set()
+
+    def staged():
+        return {str(p) for p in source.glob("reclocked/staged/upto=*/*")}
+
+    events = {"start": None, "remap commit": lambda: entries(source / "remap" / "_delta_log"),
+              "staged attempt": staged, "reclocked commit": lambda: entries(source / "reclocked" / "_delta_log")}
     expected, killed_running = [], 0
-    for round_, delay in enumerate([0.5, 4.0, 9.0, 14.0]):
+    for round_, (event, seen) in enumerate(events.items()):
         values = [(f"u{i}", f"r{round_}-{i}", i % 3) for i in range(20)]
         produce(kafka_broker, names["clicks"], values)
         expected += [v[1] for v in values]
-        proc = run_cli(config, "run", "clicks")
-        time.sleep(delay)
+        before = seen() if seen else set()
+        proc = run_cli(connected, "run", "clicks")
+        if seen:
+            wait_for(lambda: seen() - before or proc.poll() is not None, timeout=300, what=f"{event} of `reclock run`")
         killed_running += proc.poll() is None
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -8,7 +8,7 @@ import re
 import time
 
 import pytest
-from conftest import reclocked_rows, run_cli, write_config
+from conftest import over_connect, reclocked_rows, run_cli, write_config
 
 from devtools.kafka_broker import delete_records, produce, recreate_topic
 from reclock import pipeline
@@ -143,7 +143,8 @@ def as_of(spark, config, t: int) -> list[str]:
     return sorted(r.value for r in query_as_of(spark, "SELECT value FROM events", t, ["events"], config).collect())
 
 
-def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, spark, kafka_topic, tmp_path):
+def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, spark, spark_connect, kafka_topic,
+                                                                 tmp_path):
     """Recreated twice, the second time with fewer partitions: each time the tick refuses, naming both topic IDs,
     until ``reclock new-epoch``; then the new topic's records are bound at later IntoTimes, once each."""
     topic = kafka_topic(partitions=2, prefix="epoch")
@@ -160,7 +161,7 @@ def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, sp
     with pytest.raises(SourceError, match=re.escape(f"kafka.topic_id was '{first_id}' when remap's epoch began, now "
                                                     f"'{second_id}'") + ".*reclock new-epoch"):
         pipeline.tick("events", config, now=2_000, spark=spark)
-    cli = run_cli(config, "new-epoch", "events")
+    cli = run_cli(over_connect(config, spark_connect), "new-epoch", "events")
     output = cli.communicate(timeout=300)[0].decode()
     assert cli.returncode == 0 and f'"kafka.topic_id": "{second_id}"' in output, output[-3000:]
     pipeline.run_once("events", config, spark, now=2_000)
