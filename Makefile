@@ -4,11 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast soak bench clean
 
 KINESIS := devtools/kinesis
 # Test worker processes (pytest-xdist), a test file to each; 0 runs the tests in this process alone.
 TEST_WORKERS ?= 2
+# When make started: `make test` prints its wall time, set-up included (tests/conftest.py).
+export RECLOCK_MAKE_STARTED := $(shell date +%s)
 
 setup: $(STAMP) $(KINESIS)/node_modules/.installed
 	bash jvm/fetch-jars.sh $(BIN)/python
@@ -31,7 +33,11 @@ demo: setup
 	$(BIN)/python -m devtools.demo
 
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+
+# The long repetitions, outside CI (devtools/soak.py): race rounds, kills per crash point, a long racing run.
+soak: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m devtools.soak
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
