@@ -166,8 +166,10 @@ KILL_POINTS = {
                 "compact-reclocked:inside"),
 }
 FAULT_ROUNDS = int(os.environ.get("RECLOCK_FAULT_ROUNDS", "1"))
-#: The points inside a commit that Spark's JVM writes (publish's commit is the step's own, delta-rs: its process dies).
-JVM_COMMITS = {p for points in KILL_POINTS.values() for p in points if p.endswith(":inside")} - {"publish:inside"}
+#: The points inside a commit that Spark's JVM writes (a tick's and a publish's commits are the step's own, delta-rs:
+#: its process dies).
+JVM_COMMITS = ({p for points in KILL_POINTS.values() for p in points if p.endswith(":inside")}
+               - {"tick:inside", "publish:inside"})
 
 
 def test_kill_points_cover_every_step():
@@ -188,8 +190,8 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
 
     A point inside a Delta commit that Spark writes (:data:`JVM_COMMITS`) kills a step with its own local Spark,
     so the dying JVM is the one writing.  Every other point lies between Spark calls, or inside the step's own
-    commit (publish's), where a driver holds nothing the tables need: there the step is
-    a client of the session's Spark Connect server (the DAGs' long-lived Spark), which dies without a cold JVM.
+    commit (a tick's and a publish's, delta-rs), where a driver holds nothing the tables need: there the step is
+    a client of the run's Spark Connect server (the DAGs' long-lived Spark), which dies without a cold JVM.
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
     names, config = topics

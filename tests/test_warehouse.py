@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from reclock import warehouse
 from reclock.engine import Frontier, Increment, Remap, Update, as_of, compact_updates, reclock
-from reclock.warehouse import (KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, Warehouse, WarehouseError,
-                               vacuum_due)
+from reclock.warehouse import (KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, UpstreamRecord, Warehouse,
+                               WarehouseError, vacuum_due)
 
 DATA = pa.schema([("value", pa.string())])
 
@@ -155,9 +155,11 @@ def test_tables_reopen_with_same_state_and_check_schema(tmp_path, spark):
     remap = store(first, remaps[:2])
     again = Warehouse(str(tmp_path / "w")).source("s", pa.string(), DATA)  # no Spark: the light reader
     assert again.read_remap() == remap and again.since() == 0 and again.reclocked_upper() == 0
-    with pytest.raises(WarehouseError, match="needs a Spark session"):
-        again.append_binding(remaps[1], remaps[2])  # read-only without a session
-    assert again.remap_upper() == 4
+    with pytest.raises(WarehouseError, match="needs a Spark session"):  # what Spark writes, refused without one
+        again.record_upstream(UpstreamRecord(Frontier.of({"a": 0}), None))
+    assert again.upstream_record() is None
+    assert again.append_binding(remaps[1], remaps[2])  # a tick's binding needs no Spark: delta-rs commits it
+    assert again.remap_upper() == 5 and again.read_remap() == remaps[2]
     with pytest.raises(WarehouseError, match="partition: string"):
         wh.source("s", pa.int32(), DATA)
     with pytest.raises(WarehouseError, match="partition: string"):
@@ -167,7 +169,7 @@ def test_tables_reopen_with_same_state_and_check_schema(tmp_path, spark):
     assert missing.read_reclocked_arrow().num_rows == 0 and not os.path.exists(tmp_path / "w" / "never")
 
 
-@settings(max_examples=5, deadline=None)  # every tick is a Spark commit: few, small examples
+@settings(max_examples=5, deadline=None)  # every example creates its tables with Spark: few, small examples
 @given(st.lists(st.tuples(st.integers(1, 3), st.dictionaries(st.sampled_from([0, 1, 2]), st.integers(0, 2))),
                 max_size=4))
 @example([(1, {0: 2}), (2, {}), (1, {1: 1, 2: 0}), (3, {0: 1, 2: 2})])  # an empty tick, a partition at 0
@@ -512,12 +514,14 @@ def test_append_binding_refuses_when_another_tick_stored_increments(tables):
     assert tables.read_remap() == first
 
 
-def test_an_idle_tick_commits_its_upper_alone_and_loses_a_race_like_any_tick(tables, monkeypatch):
-    """A tick binding no new offsets commits the app transaction and the upstream it saw: no file, no Spark write.
-    Another tick committing while it runs (after it read remap) makes Delta refuse it: it writes nothing."""
+@pytest.mark.parametrize("moved", [False, True], ids=["idle", "with-rows"])
+def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, monkeypatch, moved):
+    """A tick commits with delta-rs, no Spark write: an idle one (no new offsets) its app transaction and the
+    upstream it saw alone, no file; one with rows its rows in one file.  Another tick committing while it runs
+    (after it read remap) makes Delta refuse it: it writes nothing."""
     base = store(tables, ticks(Remap(), (5, {0: 3})))
-    files, upstream = tables.snapshot_files("remap"), Frontier.of({0: 3})
-    monkeypatch.setattr(warehouse, "compare_and_append", lambda *args, **kw: pytest.fail("an idle tick ran Spark"))
+    files, upstream = tables.snapshot_files("remap"), Frontier.of({0: 3 + moved})
+    monkeypatch.setattr(warehouse, "compare_and_append", lambda *args, **kw: pytest.fail("a tick ran Spark"))
     first, second = (base.mint(t, upstream) for t in (7, 8))
     remap_rows = tables._remap_rows
 
@@ -530,9 +534,13 @@ def test_an_idle_tick_commits_its_upper_alone_and_loses_a_race_like_any_tick(tab
     with pytest.raises(warehouse.ConcurrentWriteError, match="another writer committed reclock.remap"):
         tables.append_binding(base, second, upstream=upstream)
     assert tables.remap_upper() == 8 and tables.read_remap() == first
-    assert tables.append_binding(first, first.mint(9, upstream), upstream=upstream)
-    assert tables.remap_upper() == 10 and tables.snapshot_files("remap") == files
-    assert {t: u for t, u in tables.recorded_upstreams().items() if t > 5} == {7: upstream, 9: upstream}
+    seen = upstream.join(Frontier.of({1: 2})) if moved else upstream
+    later = first.mint(9, seen)
+    assert tables.append_binding(first, later, upstream=seen)
+    assert tables.remap_upper() == 10 and tables.read_remap() == later
+    assert len(tables.snapshot_files("remap")) == len(files) + 2 * moved  # a file for each tick with rows
+    assert {t: u for t, u in tables.recorded_upstreams().items() if t > 5} == {7: upstream, 9: seen}
+    assert DeltaTable(tables.table_uri("remap")).transaction_version(REMAP_APP) == 9
 
 
 def test_compare_and_append_checks_inside_the_delta_transaction(tables):
@@ -555,8 +563,12 @@ def test_a_guarded_commit_leaves_the_sessions_conf_as_it_was(tables, spark, befo
     key = "spark.databricks.delta.optimizeMetadataQuery.enabled"
     spark.conf.unset(key) if before is None else spark.conf.set(key, before)
     try:
-        store(tables, ticks(Remap(), (5, {0: 3}), (8, {0: 6})))
-        assert spark.conf.get(key, None) == before
+        base = store(tables, ticks(Remap(), (5, {0: 3})))
+        late = base.mint(8, Frontier.of({0: 6}))
+        rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:]))
+        warehouse.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names, REMAP_APP,
+                                     late.upper - 1, read_max_into_time=5)
+        assert tables.read_remap() == late and spark.conf.get(key, None) == before
     finally:
         spark.conf.unset(key)
 

@@ -5,9 +5,9 @@ driver, its JVM and Spark's Python workers, all lost at once as in a machine cra
 
 * ``after-<step>``: a step of :func:`reclock.pipeline.run_once` returned (``tick``, ``stage``, ...);
 * ``<commit>:before``, ``<commit>:inside``, ``<commit>:after``: around a Delta commit: ``tick`` (the
-  remap append), ``publish`` (the staged files added to the reclocked table: delta-rs, in the step's own
-  process; the others are delta-spark's), ``compact`` (the ``since`` append), ``compact-remap`` and
-  ``compact-reclocked`` (compaction's rewrites).  ``inside``: as soon as the write adds a file to the table's
+  remap rows added) and ``publish`` (the staged files added to the reclocked table), both delta-rs's, in the
+  step's own process; ``compact`` (the ``since`` append), ``compact-remap`` and ``compact-reclocked``
+  (compaction's rewrites), delta-spark's.  ``inside``: as soon as the write adds a file to the table's
   directory (a data file, or its ``_delta_log`` commit), before the write returns (local tables only).
 """
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`), through the
 DataFrame API and Delta's SQL (CREATE TABLE, OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``,
-which needs Delta's own plugin on a Spark Connect server.  Two commits are delta-rs's, of metadata only
-(:func:`_commit_added`): a publish adding the files Spark staged to the reclocked table (below), and an idle
-tick's (no new offsets) remap upper.
+which needs Delta's own plugin on a Spark Connect server.  Two commits are delta-rs's (:func:`_commit_added`):
+a publish adding the files Spark staged to the reclocked table (below), and a tick adding its remap rows (a few,
+written with pyarrow: :meth:`SourceTables._commit_rows`; an idle tick, no new offsets, commits its upper alone).
 Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
 writes), so it commits atomically with the rows it describes and survives overwrites:
 
@@ -14,9 +14,10 @@ writes), so it commits atomically with the rows it describes and survives overwr
 
 A write whose ``txnVersion`` is not above the stored one is skipped by Delta (a delta-rs commit,
 :func:`_commit_added`, is made only after reading the stored version, and refused if a racing commit set it
-since), so a step rerun after a crash commits nothing twice.  Ticks are compare-and-appends
-(:func:`compare_and_append`), and a delta-rs commit is refused when another one carrying its app transaction
-landed since it read the table (:func:`_commit_added`): racing writers never count rows twice.  The remap
+since), so a step rerun after a crash commits nothing twice.  A delta-rs commit is refused when another one
+carrying its app transaction landed since it read the table (:func:`_commit_added`), and Spark's appends that
+must not follow a racing writer's rows are compare-and-appends (:func:`compare_and_append`): racing writers never
+count rows twice.  The remap
 table's properties record the upstream (:class:`UpstreamRecord`): ``reclock.start``, ``reclock.identity``,
 ``reclock.gaps``, ``reclock.epochs``.
 A backfill repair (:meth:`SourceTables.replace_reclocked`) rewrites a window of published IntoTimes
@@ -516,11 +517,14 @@ class SourceTables:
         ``upstream``, the upstream's upper the tick saw, is recorded with the commit (its ``userMetadata``)
         for the remap check (:meth:`recorded_upstreams`).
 
-        Compare-and-append (:func:`compare_and_append`): :class:`ConcurrentWriteError` and nothing written
-        when another tick stored increments after ``remap_before`` was read, so racing ticks (a schedule and
-        a manual run, two workers) never count an increment twice.  A tick binding no new offsets (an idle
-        source) has no rows to compare or write: it commits its app transaction and metadata alone
-        (:func:`_commit_added`, no Spark job), refused the same way when another tick committed since it read.
+        The tick's rows (one per partition that moved) are written as one Parquet file into the table's
+        directory and added in one delta-rs commit with the app transaction (:meth:`_commit_rows`, no Spark job);
+        a tick binding no new offsets (an idle source) commits the app transaction and metadata alone.  Another
+        tick stored after ``remap_before`` was read: :class:`ConcurrentWriteError` and nothing written, whether it
+        committed before this one read the table (its stored version says so) or while this one prepared its
+        commit (it carries ``reclock.remap`` too: Delta's conflict check refuses this one), so racing ticks (a
+        schedule and a manual run, two workers) never count an increment twice.  The first rows of a table not
+        created yet go through Spark (:func:`compare_and_append`).
         """
         version = remap_after.upper - 1
         dt = self._table_or_none("remap")
@@ -535,11 +539,11 @@ class SourceTables:
                                        f"{self.uri} has upper {stored + 1}: another tick committed; nothing written")
         rows = self._remap_rows(r for r in remap_after.increments() if r.into_time >= remap_before.upper)
         metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
-        if rows.num_rows == 0 and dt is not None:
-            _commit_added(dt, [], REMAP_APP, version, metadata)
-            return True
-        compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
-                           REMAP_APP, version, _max_into_time(dt), metadata)
+        if dt is None:
+            compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
+                               REMAP_APP, version, None, metadata)
+        else:
+            self._commit_rows(dt, "remap", rows, REMAP_APP, version, metadata)
         if self._has_many_small_files("remap"):  # a file per tick: keep reads cheap
             try:
                 self._optimize("remap")
@@ -547,6 +551,21 @@ class SourceTables:
                 if not _concurrent(e):
                     raise
         return True
+
+    def _commit_rows(self, dt: DeltaTable, kind: Kind, rows: pa.Table, app_id: str, version: int,
+                     metadata: dict | None = None) -> None:
+        """Append ``rows`` (few; none: the app transaction alone) to table ``kind``, read as ``dt``, in one delta-rs
+        commit (:func:`_commit_added`): written first as one Parquet file in the table's directory, which no reader
+        sees until the commit adds it (a crash in between leaves it to VACUUM)."""
+        def write() -> list:
+            if not rows.num_rows:
+                return []
+            fs, path = self._fs(), f"{kind}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            with fs.open_output_stream(path) as out:
+                pq.write_table(rows.cast(self.schemas[kind]), out, compression="snappy")
+            return [_add_action(fs.get_file_info(path), _parquet_stats(_footer(fs, path)), kind)]
+
+        _commit_added(dt, write, app_id, version, metadata)
 
     def recorded_upstreams(self) -> dict[int, Frontier]:
         """``{into_time: the upstream's upper}`` recorded by the ticks still in the remap table's Delta log."""
@@ -1101,8 +1120,8 @@ def _max_into_time(dt: DeltaTable | None) -> int | None:
 
 
 def _add_action(info: pafs.FileInfo, stats: dict, kind: Kind):
-    """The Delta ``add`` action of a staged Parquet file (``info``: its path relative to the source, inside table
-    ``kind``'s directory): its path relative to the table, size, and ``stats`` (from its footer)."""
+    """The Delta ``add`` action of a Parquet file written for table ``kind`` (``info``: its path relative to the
+    source, inside the table's directory): its path relative to the table, size, and ``stats`` (from its footer)."""
     from deltalake.transaction import AddAction
 
     if not info.path.startswith(f"{kind}/"):
@@ -1115,10 +1134,11 @@ def _add_action(info: pafs.FileInfo, stats: dict, kind: Kind):
 _DELTA_RS_CONFLICTS = ("Concurrent", "changed since last commit")  # delta-rs's conflicts (CommitFailedError)
 
 
-def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int, metadata: dict | None = None) -> None:
-    """Commit ``added`` files (possibly none) to the table ``dt`` was read at, with the app transaction ``app_id`` =
-    ``version`` (and ``metadata`` as the commit's ``userMetadata``), in one Delta commit (delta-rs: the files are
-    there already, Spark wrote them).
+def _commit_added(dt: DeltaTable, added, app_id: str, version: int, metadata: dict | None = None) -> None:
+    """Commit ``added`` files (add actions, possibly none) to the table ``dt`` was read at, with the app transaction
+    ``app_id`` = ``version`` (and ``metadata`` as the commit's ``userMetadata``), in one Delta commit (delta-rs: the
+    files are there already, staged by Spark; or ``added`` is a function that writes them, called inside the
+    commit's crash points: :meth:`SourceTables._commit_rows`).
 
     A commit carrying ``app_id`` that landed since ``dt``'s version makes Delta's conflict check refuse this one:
     :class:`ConcurrentWriteError`, nothing committed; so does one that changed the table's metadata (a new epoch's
@@ -1130,6 +1150,8 @@ def _commit_added(dt: DeltaTable, added: list, app_id: str, version: int, metada
 
     uri = dt.table_uri
     with commit_point(_COMMITS.get(app_id, app_id), uri):
+        if callable(added):
+            added = added()
         try:
             dt.create_write_transaction(added, "append", dt.schema(), commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id, version, now_ms())],
