@@ -33,7 +33,7 @@ demo: setup
 	$(BIN)/python -m devtools.demo
 
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # The long repetitions, outside CI (devtools/soak.py): race rounds, kills per crash point, a long racing run.
 soak: setup

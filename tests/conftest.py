@@ -16,8 +16,9 @@ from reclock.engine import Frontier
 # --- the order workers take test files in ----------------------------------------------------------
 
 #: The test files that take longest (measured: pytest --durations), handed to the workers first, so that the last
-#: file a worker takes is a short one and neither worker waits long for the other at the end.  A scheduling hint
-#: only: any order gives the same results.
+#: file a worker takes is a short one and neither worker waits long for the other at the end (`make test` passes
+#: --no-loadscope-reorder, else xdist orders files by their number of tests).  A scheduling hint only: any order
+#: gives the same results.
 LONGEST_FIRST = ("test_pipeline.py", "test_connections.py", "test_postgres_snapshot.py", "test_warehouse.py",
                  "test_pipeline_sources.py", "test_recorded_gauges.py", "test_checks.py", "test_backfill.py",
                  "test_upstream.py", "test_spark_connect.py", "test_races.py", "test_postgres_types.py",
