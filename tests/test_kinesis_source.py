@@ -8,7 +8,6 @@ stream refused, expired records refused, and a restart after SIGKILL mid-tick.
 from __future__ import annotations
 
 import base64
-import os
 import signal
 import uuid
 from collections import Counter
@@ -207,14 +206,12 @@ def test_restart_after_sigkill_mid_tick_loses_and_duplicates_nothing(spark, spar
         data = [f"{s[-1]}-{i}".encode() for i in range(250)]
         sent.update({(s, int(seq)): d for seq, d in zip(put(k, stream, data, s), data)})
     # a tick (a client of the run's Spark Connect server) killed right after its landing committed, before it
-    # bound anything
-    proc = run_cli(over_connect(config, spark_connect), "tick", "kin")
-    for line in proc.stdout:
-        if b"landed" in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(60)
-    assert proc.returncode == -signal.SIGKILL
+    # bound anything (the crash point after the landing's commit, reclock.faults: a tick's binding follows the
+    # landing within milliseconds, sooner than a kill on reading its log line would land)
+    proc = run_cli(over_connect(config, spark_connect), "tick", "kin",
+                   env_extra={"RECLOCK_KILL_AT": "reclock.landing:after"})
+    output = proc.communicate(timeout=300)[0].decode(errors="replace")
+    assert proc.returncode == -signal.SIGKILL, output[-3000:]
     with pipeline.open_source("kin", config) as ctx:
         landed = ctx.tables.landed()
         assert ctx.tables.read_remap().upper == 0 and landed.partitions  # landed, nothing bound

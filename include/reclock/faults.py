@@ -7,8 +7,9 @@ driver, its JVM and Spark's Python workers, all lost at once as in a machine cra
 * ``<commit>:before``, ``<commit>:inside``, ``<commit>:after``: around a Delta commit: ``tick`` (the
   remap rows added) and ``publish`` (the staged files added to the reclocked table), both delta-rs's, in the
   step's own process; ``compact`` (the ``since`` append), ``compact-remap`` and ``compact-reclocked``
-  (compaction's rewrites), delta-spark's.  ``inside``: as soon as the write adds a file to the table's
-  directory (a data file, or its ``_delta_log`` commit), before the write returns (local tables only).
+  (compaction's rewrites), delta-spark's; any other commit's points are named by its app transaction (e.g.
+  ``reclock.landing``).  ``inside``: as soon as the write adds a file to the table's directory (a data file,
+  or its ``_delta_log`` commit), before the write returns (local tables only).
 """
 from __future__ import annotations
 
