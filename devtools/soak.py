@@ -67,7 +67,8 @@ def run_part(name: str, part: dict) -> dict:
                           cwd=REPO, env={**os.environ, **part["env"]}, capture_output=True, text=True)
     wall = time.monotonic() - started
     output = proc.stdout + proc.stderr
-    summary = next((line for line in reversed(output.splitlines()) if " in " in line and "=" in line), "")
+    summary = next((line for line in reversed(output.splitlines())
+                    if " in " in line and (" passed" in line or " failed" in line or " error" in line)), "")
     anomalies = [] if proc.returncode == 0 else [output[-6000:]]
     print(f"soak: {name}: {'passed' if proc.returncode == 0 else 'FAILED'} in {wall / 60:.1f} min {summary}",
           flush=True)
