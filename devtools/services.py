@@ -90,23 +90,20 @@ class Run:
     def close(self, timeout: float = 60.0) -> None:
         """Tell every keeper to stop its server; wait for them, then SIGKILL what lingers; remove the directory."""
         (self.dir / "stop").write_text("")
-        keepers = [int(p.read_text()) for p in self.dir.glob("*.keeper")]
+        keepers = {p.stem: int(p.read_text()) for p in self.dir.glob("*.keeper")}
         deadline = time.monotonic() + timeout
-        while any(_alive(pid) for pid in keepers) and time.monotonic() < deadline:
+        while any(_alive(pid) for pid in keepers.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pid in keepers:
-            if _alive(pid):
+        started = self.started()
+        for name, pid in keepers.items():
+            if not _alive(pid):
+                continue  # it stopped its server
+            # A keeper that did not stop its server in time: it, and the server's own group (all but Postgres).
+            for group in [pid, *started.get(name, {}).get("pids", ())]:
                 try:
-                    os.killpg(pid, signal.SIGKILL)  # the keeper leads its session: the server goes with it
-                except ProcessLookupError:
+                    os.killpg(group, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
                     pass
-        for info in self.started().values():  # a server started in a group of its own (all but Postgres)
-            for pid in info.get("pids", ()):
-                if _alive(pid):
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
