@@ -6,15 +6,15 @@ the test reads (``make test`` runs the same tests at small counts, so every path
 * ``races``: ``tests/test_races.py``'s racing ticks, 100 rounds of four tick threads in one process and 100
   rounds of two ``reclock tick`` processes (``RECLOCK_RACE_ROUNDS``, ``RECLOCK_RACE_PROCESS_ROUNDS``);
 * ``kills``: ``tests/test_pipeline.py``'s SIGKILL fault test, 50 kills at every crash point
-  (``RECLOCK_FAULT_ROUNDS``);
+  (``RECLOCK_FAULT_ROUNDS``), in two runs of the test at once that share the rounds (``--kill-shards``);
 * ``long-run``: records arriving without pause while tick threads race and a publisher publishes, for 30 minutes
   (``RECLOCK_SOAK_SECONDS``).
 
 An anomaly is what those tests assert never happens: a record lost or counted twice, remap not strictly
-monotone, a frontier beyond the upstream; a part whose test fails reports the failure as its anomaly.  The
-results go to ``soak/results.json`` (the commit, the machine and its load, each part's counts, wall time and
-anomalies) and a summary is printed.  ``python -m devtools.soak --part kills --fault-rounds 5`` runs less (the
-file says what ran).
+monotone, a frontier beyond the upstream; a part whose test fails reports the failure as its anomaly.  Each
+part's result goes to ``soak/results.json`` as soon as it ends, beside the last result of the parts not run
+(each with its commit, start, the machine and its load, counts, wall time and anomalies), and a summary is
+printed.  ``python -m devtools.soak --part kills --fault-rounds 5`` runs less (the file says what ran).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def parts(args) -> dict[str, dict]:
                   "env": {"RECLOCK_RACE_ROUNDS": str(args.race_rounds),
                           "RECLOCK_RACE_PROCESS_ROUNDS": str(args.process_rounds)}},
         "kills": {"tests": ["tests/test_pipeline.py::test_sigkill_at_every_step_boundary_and_delta_commit"],
-                  "env": {"RECLOCK_FAULT_ROUNDS": str(args.fault_rounds)}},
+                  "shards": [{"RECLOCK_FAULT_ROUNDS": str(n)} for n in split(args.fault_rounds, args.kill_shards)]},
         "long-run": {"tests": ["tests/test_races.py::test_records_arriving_while_ticks_race"],
                      "env": {"RECLOCK_SOAK_SECONDS": str(args.seconds)}},
     }
@@ -60,20 +60,35 @@ def commit() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def split(total: int, shards: int) -> list[int]:
+    """``total`` rounds as ``shards`` near-equal counts (none empty)."""
+    shards = max(1, min(shards, total))
+    return [total // shards + (i < total % shards) for i in range(shards)]
+
+
 def run_part(name: str, part: dict) -> dict:
-    print(f"soak: {name}: {' '.join(f'{k}={v}' for k, v in part['env'].items())}", flush=True)
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *part["tests"]],
-                          cwd=REPO, env={**os.environ, **part["env"]}, capture_output=True, text=True)
+    """Run the part's tests: once with its ``env``, or once per shard at the same time, each shard with its own
+    environment (its share of the rounds), test servers and temporary directory (so its own topic and
+    warehouse): the rounds add up, on a machine whose cores one sequential run of the test leaves half idle."""
+    shards = part.get("shards") or [part["env"]]
+    print(f"soak: {name}: " + " | ".join(" ".join(f"{k}={v}" for k, v in env.items()) for env in shards), flush=True)
+    when, where, started = datetime.now(timezone.utc).isoformat(timespec="seconds"), machine(), time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *part["tests"],
+                               "--basetemp", f"/tmp/reclock-soak-{name}-{i}"],
+                              cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i, env in enumerate(shards)]
+    outputs = [proc.communicate()[0] for proc in procs]
     wall = time.monotonic() - started
-    output = proc.stdout + proc.stderr
-    summary = next((line for line in reversed(output.splitlines())
-                    if " in " in line and (" passed" in line or " failed" in line or " error" in line)), "")
-    anomalies = [] if proc.returncode == 0 else [output[-6000:]]
-    print(f"soak: {name}: {'passed' if proc.returncode == 0 else 'FAILED'} in {wall / 60:.1f} min {summary}",
+    summaries = [next((line.strip("= ") for line in reversed(output.splitlines())
+                       if " in " in line and (" passed" in line or " failed" in line or " error" in line)), "")
+                 for output in outputs]
+    passed = all(proc.returncode == 0 for proc in procs)
+    anomalies = [output[-6000:] for proc, output in zip(procs, outputs) if proc.returncode != 0]
+    print(f"soak: {name}: {'passed' if passed else 'FAILED'} in {wall / 60:.1f} min {'; '.join(summaries)}",
           flush=True)
-    return {"tests": part["tests"], "env": part["env"], "passed": proc.returncode == 0, "wall_s": round(wall, 1),
-            "pytest": summary.strip("= "), "anomalies": anomalies}
+    return {"commit": commit(), "started": when, "machine": where, "tests": part["tests"],
+            **({"shards": shards} if part.get("shards") else {"env": part["env"]}), "passed": passed,
+            "wall_s": round(wall, 1), "pytest": "; ".join(summaries), "anomalies": anomalies}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,23 +97,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this part (repeatable; default all)")
     parser.add_argument("--race-rounds", type=int, default=100)
     parser.add_argument("--process-rounds", type=int, default=100)
-    parser.add_argument("--fault-rounds", type=int, default=50)
+    parser.add_argument("--fault-rounds", type=int, default=50, help="kills at every crash point, in all")
+    parser.add_argument("--kill-shards", type=int, default=2,
+                        help="fault tests run at once, each on its own source and servers, sharing the rounds")
     parser.add_argument("--seconds", type=int, default=1800, help="the long run's length")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in parts(args).items() if not args.part or k in args.part}
-    results = {"commit": commit(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "machine": machine(), "parts": {}}
-    started = time.monotonic()
+    started, ran = time.monotonic(), {}
     for name, part in chosen.items():
-        results["parts"][name] = run_part(name, part)
-    results["wall_s"] = round(time.monotonic() - started, 1)
+        ran[name] = run_part(name, part)
+        record(args.out, name, ran[name])
+    wall, anomalies = time.monotonic() - started, sum(len(p["anomalies"]) for p in ran.values())
+    print(f"soak: {len(chosen)} part(s) in {wall / 60:.1f} min, {anomalies} anomalies; {args.out}", flush=True)
+    return 0 if anomalies == 0 else 1
+
+
+def record(out: Path, name: str, result: dict) -> None:
+    """Store part ``name``'s ``result`` in ``out`` beside the other parts' last results (each says its commit)."""
+    try:
+        results = json.loads(out.read_text())
+    except (OSError, ValueError):
+        results = {}
+    results = {"parts": {**results.get("parts", {}), name: result}}
     results["anomalies"] = sum(len(p["anomalies"]) for p in results["parts"].values())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"soak: {len(chosen)} part(s) in {results['wall_s'] / 60:.1f} min, {results['anomalies']} anomalies; "
-          f"{args.out}", flush=True)
-    return 0 if results["anomalies"] == 0 else 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -332,6 +332,48 @@ def run_cli(config, *args, env_extra=None):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+class WarmCommands:
+    """``reclock --config config ...`` processes started ahead of their use (:mod:`devtools.warm_step`): each has
+    imported what a step imports and opened the sources file's Spark (a local JVM, or a Connect client) before
+    it is asked for its command: ``ahead`` of them start at once, and another each time one is taken.  :meth:`run` returns the process
+    like :func:`run_cli` does (its own session: kill it with os.killpg; stdout and stderr in one pipe), so a
+    test that runs many commands in a row (the SIGKILL fault test) waits for none of their cold starts."""
+
+    def __init__(self, config: str, ahead: int = 1):
+        self.config, self.ahead = config, ahead
+        self.ready = [self._start() for _ in range(ahead)]
+
+    def _start(self):
+        import subprocess
+
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        return subprocess.Popen([sys.executable, "-m", "devtools.warm_step", self.config], env=env,
+                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def run(self, *args, env_extra=None):
+        proc = self.ready.pop(0) if self.ready else self._start()
+        while len(self.ready) < self.ahead:
+            self.ready.append(self._start())
+        proc.stdin.write((json.dumps({"argv": list(args), "env": env_extra or {}}) + "\n").encode())
+        proc.stdin.close()
+        proc.stdin = None  # so communicate() reads its output as of a run_cli process
+        return proc
+
+    def close(self) -> None:
+        for proc in self.ready:
+            proc.stdin.close()  # an unused one exits on end of input, stopping its Spark
+            proc.stdin = None
+        for proc in self.ready:
+            try:
+                proc.communicate(timeout=120)
+            except Exception:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        self.ready = []
+
+
 # --- engine laws on a stream's records (recorded or live) ----------------------------------------
 
 

@@ -380,6 +380,51 @@ def test_docs_once_builds_the_site_once_for_a_steps_runs(tmp_path):
     assert len(builds) == 2
 
 
+def test_a_long_lived_context_checks_after_another_process_checked_the_source(tmp_path):
+    """Two processes check one source (a step in a process of its own beside one that keeps its context, e.g.
+    ``dags test`` or a notebook): the other's run saves the suites and definitions anew, and this context's next
+    run still checks, against the suite as stored (found by the SIGKILL fault test, whose rounds do just that)."""
+    from reclock import gx_context
+
+    root = tmp_path / "gx"
+    kept = gx_context.Context(str(root), "orders")
+    assert check_remap(remap_frame(), gx=kept).success
+    assert check_remap(remap_frame(), gx=gx_context.Context(str(root), "orders")).success  # another process
+    assert check_remap(remap_frame(), gx=kept).success
+    assert check_remap(remap_frame(extra=[(1, 20, -1)]), gx=kept).failed == ["remap.monotone"]
+
+
+def _check_rounds(root: str, rounds: int) -> list:
+    """A process checking one source ``rounds`` times, half with its context kept, half each with a fresh one (a
+    process of its own per run): whether each run passed, or what it raised."""
+    from reclock import gx_context
+
+    kept, outcomes = gx_context.Context(root, "orders"), []
+    for i in range(rounds):
+        try:
+            outcomes.append(check_remap(remap_frame(), gx=kept if i % 2 else gx_context.Context(root, "orders"))
+                            .success)
+        except Exception as e:  # noqa: BLE001 - reported, not raised: the test names it
+            outcomes.append(repr(e)[:300])
+    return outcomes
+
+
+def test_two_processes_check_one_source_at_once(tmp_path):
+    """Racing runs of one source (a scheduled run beside a manual one) check at once: each run checks, none meets a
+    GX store error (a definition another process is rewriting), and the stored definitions are written once."""
+    import multiprocessing
+
+    from reclock import gx_context
+
+    root = str(tmp_path / "gx")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:  # their first runs make the source's context
+        outcomes = pool.starmap(_check_rounds, [(root, 4), (root, 4)])
+    assert outcomes == [[True] * 4] * 2
+    saved = {p: p.stat().st_mtime_ns for p in (tmp_path / "gx").glob("*/orders.remap.json")}
+    assert check_remap(remap_frame(), gx=gx_context.Context(root, "orders")).success
+    assert len(saved) == 2 and {p: p.stat().st_mtime_ns for p in saved} == saved  # used as stored
+
+
 def test_a_half_written_context_is_made_again(tmp_path, caplog):
     """GX writes its files in place: a check killed meanwhile must not wedge the source's checks."""
     from reclock import gx_context

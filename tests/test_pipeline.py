@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 import yaml
-from conftest import (assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli, wait_for,
-                      write_config)
+from conftest import (WarmCommands, assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli,
+                      wait_for, write_config)
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
@@ -186,7 +186,9 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     that its step reaches, every point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget; the
     issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``).  Records arrive before every run, and each run starts from
     what the last one's crash left: the steps before the killed one run here, then the killed one in a process
-    of its own (steps share only what they store, so a step dies there as it would inside ``reclock run``).
+    of its own (steps share only what they store, so a step dies there as it would inside ``reclock run``),
+    started ahead of its use (:class:`conftest.WarmCommands`: the same command on the same Spark, its cold start
+    paid while the loop does other work).
 
     A point inside a Delta commit that Spark writes (:data:`JVM_COMMITS`) kills a step with its own local Spark,
     so the dying JVM is the one writing.  Every other point lies between Spark calls, or inside the step's own
@@ -195,27 +197,37 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
     names, config = topics
-    connected = over_connect(config, spark_connect)
+    local, connected = WarmCommands(config, ahead=3), WarmCommands(over_connect(config, spark_connect))
+    try:
+        produced = kill_at_every_point(kafka_broker, names["clicks"], config, spark, local, connected)
+    finally:
+        local.close()
+        connected.close()
+    pipeline.run_once("clicks", config, spark)
+    assert_reclocked_is_replay("clicks", config, spark)
+    assert sorted(r[0] for r in reclocked_rows("clicks", config)) == sorted(produced)
+
+
+def kill_at_every_point(broker, topic, config, spark, local, connected) -> list[str]:
+    """The fault test's kills: the values produced."""
     produced = []
     for round_ in range(FAULT_ROUNDS):
         for step, points in KILL_POINTS.items():
             for point in points:
                 for attempt in range(3):  # a point is not reached when there is nothing to do there yet
                     values = [(f"u{i}", f"{point}-{round_}-{attempt}-{i}", i % 3) for i in range(4)]
-                    produce(kafka_broker, names["clicks"], values)
+                    produce(broker, topic, values)
                     produced += [v[1] for v in values]
                     pipeline.run_once("clicks", config, spark, steps=pipeline.STEPS[:pipeline.STEPS.index(step)])
-                    proc = run_cli(config if point in JVM_COMMITS else connected, step, "clicks",
-                                   env_extra={"RECLOCK_KILL_AT": point})
+                    proc = (local if point in JVM_COMMITS else connected).run(step, "clicks",
+                                                                              env_extra={"RECLOCK_KILL_AT": point})
                     output = proc.communicate(timeout=600)[0].decode(errors="replace")
                     if proc.returncode == -signal.SIGKILL:
                         break
-                    assert proc.returncode == 0, f"{point}: {output[-3000:]}"
+                    assert proc.returncode == 0, f"{point} (round {round_}): {output[-3000:]}"
                 else:
                     pytest.fail(f"crash point {point} was never reached")
-    pipeline.run_once("clicks", config, spark)
-    assert_reclocked_is_replay("clicks", config, spark)
-    assert sorted(r[0] for r in reclocked_rows("clicks", config)) == sorted(produced)
+    return produced
 
 
 def test_steps_get_the_sources_files_spark_conf(kafka_broker, spark, tmp_path):

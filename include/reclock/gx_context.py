@@ -10,16 +10,19 @@ with each run.  The repository is never written by a run: each source has its ow
                                                     stores are local files)
 
 which :func:`open_context` makes a GX *file* Data Context: ``great_expectations.yml`` copied once from the
-project, the suites copied from it on every run (the repository stays their source of truth), and per check
-kind a validation definition and a checkpoint named ``<source>.<kind>`` (created idempotently) on a whole
-dataframe batch (pandas for small frames, Spark for the consolidated histories).  A run stores its validation
+project, each suite copied from it again whenever the repository's changed (the repository stays their source
+of truth), and per check kind a validation definition and a checkpoint named ``<source>.<kind>`` (saved once,
+and again only when stale) on a whole dataframe batch (pandas for small frames, Spark for the consolidated histories).  A run stores its validation
 result in GX's validation results store (``uncommitted/validations/``), and the Data Docs site
 (``uncommitted/data_docs/local_site/index.html``) gets the run's page and a new index: after each run, or once
 for all the runs of a block :meth:`Context.docs_once` (a check step's runs: GX renders the index, compiling its
 templates, once per build, ~0.5 s).  The stores keep the last :data:`KEEP_RUNS` results per suite (older ones,
 and their pages, are removed).
 
-A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  GX writes
+A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  Two
+processes may check one source at once (a scheduled run beside a manual one): they use the definitions as
+stored and write them only when missing or stale, and a process that keeps its context (its checkpoints are
+cached) makes them again when GX finds what it holds stale (a suite changed by the other meanwhile).  GX writes
 its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
 is made again from the project (the results and Data Docs are only GX's record; reclock's is
 :mod:`reclock.check_log`).
@@ -28,6 +31,8 @@ GX takes seconds to import: only the check step imports this module.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -45,6 +50,8 @@ DOCS = f"uncommitted/data_docs/{SITE}"
 VALIDATIONS = "uncommitted/validations"
 KEEP_RUNS = 50  # validation results (and their Data Docs pages) kept per suite
 DATASOURCES = {"pandas": "reclock_pandas", "spark": "reclock_spark"}
+INSTALLED = "suites-installed.json"  # at a context's root: the hash of the project's suite each suite was copied from
+FRESHNESS_RETRIES = 3  # loads of a checkpoint that another process saved anew meanwhile, before a run gives up
 
 log = logging.getLogger("reclock")
 
@@ -97,44 +104,67 @@ class Context:
     def docs_index(self) -> str:
         return os.path.join(self.docs_dir, "index.html")
 
-    def checkpoint(self, kind: str, engine: str, index: Sequence[str]):
+    def checkpoint(self, kind: str, engine: str, index: Sequence[str], stored: bool = True):
         """The checkpoint ``<source>.<kind>``: its suite ``kind`` on a whole-dataframe batch of ``engine``
-        (pandas or spark), reporting failures by the ``index`` columns; created or brought up to date."""
+        (pandas or spark), reporting failures by the ``index`` columns.  The stored one when it is so
+        (``stored``), else made and saved (it is missing, unreadable, or stale: another suite, batch or format)."""
         if kind in self._checkpoints:
             return self._checkpoints[kind]
         try:
-            checkpoint = self._checkpoint(kind, engine, index)
-        except Exception as e:  # noqa: BLE001 - e.g. a definition half written by a killed run: made again
-            log.warning("%s: GX checkpoint %s.%s unreadable (%s); made again", self.source, self.source, kind, e)
-            for store in ("checkpoints", "validation_definitions"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(self.root, store, f"{self.source}.{kind}.json"))
-            checkpoint = self._checkpoint(kind, engine, index)
+            checkpoint = self._checkpoint(kind, engine, index, stored)
+        except Exception:  # noqa: BLE001 - e.g. GX refuses to add what another process added meanwhile
+            try:
+                checkpoint = self._checkpoint(kind, engine, index, stored=True)
+            except Exception as e:  # noqa: BLE001 - e.g. a definition half written by a killed run: made again
+                log.warning("%s: GX checkpoint %s.%s unreadable (%s); made again", self.source, self.source, kind,
+                            e)
+                for store in ("checkpoints", "validation_definitions"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.root, store, f"{self.source}.{kind}.json"))
+                checkpoint = self._checkpoint(kind, engine, index, stored=False)
         self._checkpoints[kind] = checkpoint
         return checkpoint
 
-    def _checkpoint(self, kind: str, engine: str, index: Sequence[str]):
+    def _checkpoint(self, kind: str, engine: str, index: Sequence[str], stored: bool):
         import great_expectations as gx
 
         name = f"{self.source}.{kind}"
         suite = self.gx.suites.get(kind)
+        result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5,
+                         "unexpected_index_column_names": list(index)}
+        if stored and os.path.exists(os.path.join(self.root, "checkpoints", f"{name}.json")):
+            checkpoint = self.gx.checkpoints.get(name)
+            definition, = checkpoint.validation_definitions
+            if (checkpoint.result_format == result_format and definition.suite.id == suite.id
+                    and definition.data.data_asset.name == kind
+                    and definition.data.data_asset.datasource.name == DATASOURCES[engine]):
+                return checkpoint  # as another process saved it: nothing to write
         batch = _batch_definition(self.gx, engine, kind)
         definition = self.gx.validation_definitions.add_or_update(
             gx.ValidationDefinition(name=name, data=batch, suite=suite))
-        result_format = {"result_format": "SUMMARY", "partial_unexpected_count": 5,
-                         "unexpected_index_column_names": list(index)}
-        checkpoint = self.gx.checkpoints.add_or_update(gx.Checkpoint(
+        return self.gx.checkpoints.add_or_update(gx.Checkpoint(
             name=name, validation_definitions=[definition], result_format=result_format, actions=[]))
-        return checkpoint
 
     def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
         """Validate ``frame`` (pandas, or Spark for history/primary_key) against suite ``kind`` with ``params``."""
         import pandas as pd
 
         engine = "pandas" if isinstance(frame, pd.DataFrame) else "spark"
+        from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
+
         _prune(self.root, kind, KEEP_RUNS - 1)  # before the run: the index it builds lists what is kept
-        result = self.checkpoint(kind, engine, index).run(batch_parameters={"dataframe": frame},
-                                                          expectation_parameters=dict(params))
+        for attempt in range(FRESHNESS_RETRIES + 1):
+            try:
+                result = self.checkpoint(kind, engine, index).run(batch_parameters={"dataframe": frame},
+                                                                  expectation_parameters=dict(params))
+                break
+            except ResourceFreshnessAggregateError:
+                # Another process saved the suite or the definitions anew since this one loaded them
+                # (module docstring): make them again from what is stored now.
+                if attempt == FRESHNESS_RETRIES:
+                    raise
+                self._checkpoints.pop(kind, None)
+                self.checkpoint(kind, engine, index, stored=False)
         (identifier, validation), = result.run_results.items()
         self._docs([identifier, _suite_identifier(kind)])
         order = {e.meta.get("check"): i for i, e in enumerate(self.gx.suites.get(kind).expectations)}
@@ -186,16 +216,34 @@ def _open(root: str, source: str) -> Context:
 
 
 def _install(root: str) -> None:
-    """Make ``root`` a context from the project: its config once (GX adds the data sources to it), the suites
-    every time (changed in the repository, changed here)."""
+    """Make ``root`` a context from the project: its config once (GX adds the data sources to it), a suite when
+    it is missing or changed in the repository since it was copied (:data:`INSTALLED` holds the hash of what
+    was copied; GX saves a copied suite with ids of its own, which stay while the repository's is the same)."""
     os.makedirs(os.path.join(root, SUITES), exist_ok=True)
     if not os.path.exists(os.path.join(root, CONFIG)):
         shutil.copyfile(PROJECT / CONFIG, os.path.join(root, CONFIG))
-    for suite in (PROJECT / SUITES).glob("*.json"):
-        target = os.path.join(root, SUITES, suite.name)
-        if not os.path.exists(target) or Path(target).read_bytes() != suite.read_bytes():
-            shutil.copyfile(suite, target + ".tmp")
-            os.replace(target + ".tmp", target)
+    marker = os.path.join(root, INSTALLED)
+    try:
+        installed = json.loads(Path(marker).read_text())
+    except (OSError, ValueError):  # none yet, or half written: every suite is copied again
+        installed = {}
+    hashes = {suite.name: hashlib.sha256(suite.read_bytes()).hexdigest()
+              for suite in (PROJECT / SUITES).glob("*.json")}
+    changed = False
+    for name, digest in hashes.items():
+        target = os.path.join(root, SUITES, name)
+        if not os.path.exists(target) or installed.get(name) != digest:
+            _replace(target, (PROJECT / SUITES / name).read_bytes())
+            changed = True
+    if changed:
+        _replace(marker, json.dumps(hashes, indent=1, sort_keys=True).encode())
+
+
+def _replace(path: str, content: bytes) -> None:
+    """Write ``path`` whole or not at all (readers in other processes never see it half written)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    Path(temporary).write_bytes(content)
+    os.replace(temporary, path)
 
 
 def _suite_identifier(kind: str):
