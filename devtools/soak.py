@@ -114,15 +114,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def record(out: Path, name: str, result: dict) -> None:
-    """Store part ``name``'s ``result`` in ``out`` beside the other parts' last results (each says its commit)."""
-    try:
-        results = json.loads(out.read_text())
-    except (OSError, ValueError):
-        results = {}
-    results = {"parts": {**results.get("parts", {}), name: result}}
-    results["anomalies"] = sum(len(p["anomalies"]) for p in results["parts"].values())
+    """Store part ``name``'s ``result`` in ``out`` beside the other parts' last results (each says its commit);
+    soaks running at once (one part each) take turns."""
+    import fcntl
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            results = json.loads(out.read_text())
+        except (OSError, ValueError):
+            results = {}
+        results = {"parts": {**results.get("parts", {}), name: result}}
+        results["anomalies"] = sum(len(p["anomalies"]) for p in results["parts"].values())
+        out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
