@@ -33,6 +33,7 @@ demo: setup
 	$(BIN)/python -m devtools.demo
 
 test: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir var/site  # the docs site: any warning fails
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # The long repetitions, outside CI (devtools/soak.py): race rounds, kills per crash point, a long racing run.

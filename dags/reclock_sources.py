@@ -3,7 +3,7 @@
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
 
-With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: README "A long-lived Spark") no
+With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: docs/operations/spark.md) no
 task starts a JVM: ``reclock`` (and a backfill's ``replay``) is a Python task like the others, running
 ``reclock.pipeline.stage`` in the task's process as a Spark Connect client of the server, and every other
 Spark step (tick, check, publish, compact) opens a Connect session too.  Without it, ``reclock`` is a

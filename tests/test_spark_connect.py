@@ -2,7 +2,7 @@
 in a process that starts no JVM, and the DAG's Connect path (no spark-submit) under Airflow's dag.test().
 
 Clients of the server run in subprocesses: this process has the local ``spark`` session, and PySpark cannot
-hold a Connect session beside it (README: A long-lived Spark)."""
+hold a Connect session beside it (docs: operations/spark.md, A long-lived Spark)."""
 from __future__ import annotations
 
 import os
@@ -167,7 +167,7 @@ def test_the_dag_runs_its_spark_steps_over_spark_connect(spark_connect, kafka_br
 
 
 def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_conf(tmp_path):
-    """``python -m reclock.spark_session --print``: how production starts the server (README: A long-lived Spark)."""
+    """``python -m reclock.spark_session --print``: how production starts the server (docs: operations/spark.md, A long-lived Spark)."""
     import shlex
     import subprocess
 

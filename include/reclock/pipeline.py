@@ -262,13 +262,13 @@ def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None
 
 SCHEMA_HELP = ("To go on, start the tables over from a fresh snapshot: `reclock new-epoch <source> --drop-slot` "
                "replaces the slot and publishes what the tables hold now as corrections at the next IntoTime, AS OF "
-               "earlier times unchanged (README: Postgres schema changes).")
+               "earlier times unchanged (docs: sources/postgres.md, Schema changes).")
 
 
 UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 0 again), `reclock new-epoch <source>` "
                  "starts the source over on it as a new epoch, keeping what was published (or configure it as a new "
                  "source: a new name starts a new remap); if records were lost upstream, `reclock accept-lost "
-                 "<source>` records the gap and goes on without them (README: When the upstream changes).")
+                 "<source>` records the gap and goes on without them (docs: upstream-changes.md).")
 
 
 def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRecord:
@@ -575,7 +575,7 @@ def publish(name: str, config_path: str | None = None, spark=None) -> dict:
         if not (checked.get("success") and checked.get("window") == list(window)):
             raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
                                + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
-                               + " (run `reclock check` after staging; README: checks)")
+                               + " (run `reclock check` after staging; docs: checks.md)")
         published = ctx.tables.publish_staged(window[1])
         return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 

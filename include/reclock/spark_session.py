@@ -151,11 +151,11 @@ def remote_spark(url: str, app_name: str = "reclock", conf: dict | None = None):
         extensions = spark.conf.get("spark.sql.extensions", "") or ""
     except Exception as e:
         raise SparkSetupError(f"cannot open a Spark Connect session on {url}: {str(e).splitlines()[0]} (is the "
-                              "server up? README: A long-lived Spark)") from e
+                              "server up? docs: operations/spark.md, A long-lived Spark)") from e
     if DELTA_CONF["spark.sql.extensions"] not in extensions:
         raise SparkSetupError(f"the Spark Connect server at {url} has no Delta Lake (spark.sql.extensions is "
                               f"{extensions!r}): start it with reclock's jars and settings (python -m "
-                              "reclock.spark_session; README: A long-lived Spark)")
+                              "reclock.spark_session; docs: operations/spark.md, A long-lived Spark)")
     return spark
 
 

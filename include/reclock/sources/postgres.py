@@ -409,10 +409,10 @@ class PostgresSource:
             return SourceError(f"replication slot {self.slot!r} does not exist: either {self!r} has not started (its "
                                "first tick creates the slot with the tables' initial snapshot) or the slot was dropped "
                                "(its changes are lost upstream: `reclock new-epoch <source>` starts the source over "
-                               "from a fresh snapshot; README: a lost replication slot)")
+                               "from a fresh snapshot; docs: sources/postgres.md, A lost replication slot)")
         return SourceError(f"replication slot {self.slot!r} no longer exists (dropped?): its changes are lost "
                            "upstream; `reclock new-epoch <source>` starts the source over from a fresh snapshot, "
-                           "publishing what the tables changed meanwhile (README: a lost replication slot)")
+                           "publishing what the tables changed meanwhile (docs: sources/postgres.md, A lost replication slot)")
 
     def _confirmed(self) -> int:
         rows = self._sql("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
