@@ -5,6 +5,8 @@ the test reads (``make test`` runs the same tests at small counts, so every path
 
 * ``races``: ``tests/test_races.py``'s racing ticks, 100 rounds of four tick threads in one process and 100
   rounds of two ``reclock tick`` processes (``RECLOCK_RACE_ROUNDS``, ``RECLOCK_RACE_PROCESS_ROUNDS``);
+* ``runs``: ``tests/test_races.py``'s racing runs, 100 rounds of three ``reclock run`` processes of one source
+  (``RECLOCK_RACE_RUN_ROUNDS``);
 * ``kills``: ``tests/test_pipeline.py``'s SIGKILL fault test, 50 kills at every crash point
   (``RECLOCK_FAULT_ROUNDS``), in two runs of the test at once that share the rounds (``--kill-shards``);
 * ``long-run``: records arriving without pause while tick threads race and a publisher publishes, for 30 minutes
@@ -41,6 +43,8 @@ def parts(args) -> dict[str, dict]:
                           "RECLOCK_RACE_PROCESS_ROUNDS": str(args.process_rounds)}},
         "kills": {"tests": ["tests/test_pipeline.py::test_sigkill_at_every_step_boundary_and_delta_commit"],
                   "shards": [{"RECLOCK_FAULT_ROUNDS": str(n)} for n in split(args.fault_rounds, args.kill_shards)]},
+        "runs": {"tests": ["tests/test_races.py::test_racing_runs_end_cleanly"],
+                 "env": {"RECLOCK_RACE_RUN_ROUNDS": str(args.run_rounds)}},
         "long-run": {"tests": ["tests/test_races.py::test_records_arriving_while_ticks_race"],
                      "env": {"RECLOCK_SOAK_SECONDS": str(args.seconds)}},
     }
@@ -93,10 +97,11 @@ def run_part(name: str, part: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", action="append", choices=["races", "kills", "long-run"],
+    parser.add_argument("--part", action="append", choices=["races", "runs", "kills", "long-run"],
                         help="run only this part (repeatable; default all)")
     parser.add_argument("--race-rounds", type=int, default=100)
     parser.add_argument("--process-rounds", type=int, default=100)
+    parser.add_argument("--run-rounds", type=int, default=100, help="rounds of three racing `reclock run`s")
     parser.add_argument("--fault-rounds", type=int, default=50, help="kills at every crash point, in all")
     parser.add_argument("--kill-shards", type=int, default=2,
                         help="fault tests run at once, each on its own source and servers, sharing the rounds")

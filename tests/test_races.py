@@ -6,8 +6,11 @@ manual run, the CLI).  After every round remap is strictly monotone, its increme
 frontier, and no frontier is beyond the upstream's high watermark; at the end the published
 reclocked table equals the engine's single-writer replay of the same remap.
 
-``RECLOCK_RACE_ROUNDS`` (default 10), ``RECLOCK_RACE_PROCESS_ROUNDS`` (default 3) and ``RECLOCK_SOAK_SECONDS``
-(default 5) size the tests for CI; ``make soak`` (devtools/soak.py) runs them at 100, 100 and 1800.  The tick
+Whole ``reclock run`` processes race too, three per round: each ends with exit 0 or one error line.
+
+``RECLOCK_RACE_ROUNDS`` (default 10), ``RECLOCK_RACE_PROCESS_ROUNDS`` (default 3), ``RECLOCK_RACE_RUN_ROUNDS``
+(default 3) and ``RECLOCK_SOAK_SECONDS`` (default 5) size the tests for CI; ``make soak`` (devtools/soak.py) runs
+them at 100, 100, 100 and 1800.  The tick
 processes are clients of the run's Spark Connect server (the DAGs' long-lived Spark), so a round costs no cold JVM.
 """
 from __future__ import annotations
@@ -105,6 +108,28 @@ def test_racing_tick_processes_count_nothing_twice(kafka_broker, spark, spark_co
         for code, output in outputs:  # a loser fails cleanly, naming the race
             assert code == 0 or "another" in output, output[-2000:]
         assert any(code == 0 for code, _ in outputs)
+        assert_sound(config)
+    assert_reclocked_is_replay("orders", config, spark)
+
+
+RUNNERS = 3
+RUN_ROUNDS = int(os.environ.get("RECLOCK_RACE_RUN_ROUNDS", "3"))
+
+
+def test_racing_runs_end_cleanly(kafka_broker, spark, spark_connect, source):
+    """Whole runs of one source race (a scheduled run beside manual ones, ``reclock run`` processes), records
+    arriving between rounds: each run exits 0, or with one ``reclock: error:`` line naming the source and no
+    traceback; at the end every record is published once (the engine's single-writer replay of remap)."""
+    topic, config = source
+    connected = over_connect(config, spark_connect)
+    for round_ in range(RUN_ROUNDS):
+        produce_round(kafka_broker, topic, round_)
+        procs = [run_cli(connected, "run", "orders") for _ in range(RUNNERS)]
+        outputs = [(p.wait(timeout=600), p.stdout.read().decode(errors="replace")) for p in procs]
+        for code, output in outputs:
+            errors = [line for line in output.splitlines() if line.startswith("reclock: error:")]
+            assert code == 0 or (code == 2 and len(errors) == 1 and "orders" in errors[0]), output[-3000:]
+            assert "Traceback" not in output, output[-3000:]
         assert_sound(config)
     assert_reclocked_is_replay("orders", config, spark)
 

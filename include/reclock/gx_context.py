@@ -20,9 +20,11 @@ templates, once per build, ~0.5 s).  The stores keep the last :data:`KEEP_RUNS` 
 and their pages, are removed).
 
 A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  Two
-processes may check one source at once (a scheduled run beside a manual one): they use the definitions as
-stored and write them only when missing or stale, and a process that keeps its context (its checkpoints are
-cached) makes them again when GX finds what it holds stale (a suite changed by the other meanwhile).  GX writes
+processes may check one source at once (a scheduled run beside a manual one): GX writes its stores in place,
+so whoever makes the context, runs a checkpoint or builds the Data Docs holds the context's lock (``.lock`` at
+its root, an ``fcntl`` lock: a context root is a local directory) and they take turns.  They use the stored
+definitions and write them only when missing or stale, and a process that keeps its context (its checkpoints
+are cached) makes them again when GX finds what it holds stale (a suite saved by the other meanwhile).  GX writes
 its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
 is made again from the project (the results and Data Docs are only GX's record; reclock's is
 :mod:`reclock.check_log`).
@@ -31,12 +33,14 @@ GX takes seconds to import: only the check step imports this module.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -50,6 +54,7 @@ DOCS = f"uncommitted/data_docs/{SITE}"
 VALIDATIONS = "uncommitted/validations"
 KEEP_RUNS = 50  # validation results (and their Data Docs pages) kept per suite
 DATASOURCES = {"pandas": "reclock_pandas", "spark": "reclock_spark"}
+LOCK = ".lock"  # at a context's root: held by whoever makes, runs or renders the context (:func:`_exclusive`)
 INSTALLED = "suites-installed.json"  # at a context's root: the hash of the project's suite each suite was copied from
 FRESHNESS_RETRIES = 3  # loads of a checkpoint that another process saved anew meanwhile, before a run gives up
 
@@ -84,14 +89,15 @@ class Context:
         import great_expectations as gx
 
         self.root, self.source = os.path.abspath(root), source
-        _install(self.root)
-        try:
-            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
-        except Exception as e:  # noqa: BLE001 - e.g. a config half written by a killed run
-            log.warning("%s: GX context %s unreadable (%s); its config is made again from the project", source,
-                        self.root, e)
-            shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
-            self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+        with _exclusive(self.root):
+            _install(self.root)
+            try:
+                self.gx = gx.get_context(mode="file", context_root_dir=self.root)
+            except Exception as e:  # noqa: BLE001 - e.g. a config half written by a killed run
+                log.warning("%s: GX context %s unreadable (%s); its config is made again from the project", source,
+                            self.root, e)
+                shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
+                self.gx = gx.get_context(mode="file", context_root_dir=self.root)
         self._checkpoints: dict[str, Any] = {}
         self._pending_docs: list | None = None  # inside docs_once: the resources whose pages are still to build
 
@@ -150,6 +156,10 @@ class Context:
         import pandas as pd
 
         engine = "pandas" if isinstance(frame, pd.DataFrame) else "spark"
+        with _exclusive(self.root):
+            return self._run(kind, engine, frame, params, index)
+
+    def _run(self, kind: str, engine: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
         from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
 
         _prune(self.root, kind, KEEP_RUNS - 1)  # before the run: the index it builds lists what is kept
@@ -192,7 +202,8 @@ class Context:
 
     def _build(self, resources: list) -> None:
         """The pages of ``resources`` (validation results, suites) and the site's index."""
-        self.gx.build_data_docs(site_names=[SITE], resource_identifiers=resources, build_index=True)
+        with _exclusive(self.root):
+            self.gx.build_data_docs(site_names=[SITE], resource_identifiers=resources, build_index=True)
 
     def _page(self, identifier) -> str | None:
         # The page may be built later (docs_once): its path, whether it exists yet or not.
@@ -213,6 +224,31 @@ def open_context(source_uri: str, source: str) -> Context:
 @lru_cache(maxsize=None)
 def _open(root: str, source: str) -> Context:
     return Context(root, source)
+
+
+_LOCKS: dict[str, threading.RLock] = {}  # per context root: this process's threads take turns
+_HELD: dict[str, tuple[int, int]] = {}  # per context root this process holds: (lock file descriptor, depth)
+
+
+@contextlib.contextmanager
+def _exclusive(root: str):
+    """Hold the lock of the context at ``root`` (reentrant): against this process's other threads, and against
+    other processes by ``fcntl.flock`` on ``<root>/.lock`` (a context root is a local directory)."""
+    with _LOCKS.setdefault(root, threading.RLock()):
+        fd, depth = _HELD.get(root, (-1, 0))
+        if depth == 0:
+            os.makedirs(root, exist_ok=True)
+            fd = os.open(os.path.join(root, LOCK), os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _HELD[root] = (fd, depth + 1)
+        try:
+            yield
+        finally:
+            if depth == 0:
+                del _HELD[root]
+                os.close(fd)  # releases the flock
+            else:
+                _HELD[root] = (fd, depth)
 
 
 def _install(root: str) -> None:
