@@ -70,6 +70,15 @@ def split(total: int, shards: int) -> list[int]:
     return [total // shards + (i < total % shards) for i in range(shards)]
 
 
+def failure(output: str) -> str:
+    """What a failed pytest run says of its failure: its ``E`` lines (the assertion and its values) and the
+    short summary, not the logs captured around them."""
+    lines = output.splitlines()
+    said = [line for line in lines if line.startswith("E ")][:80]
+    summary = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return "\n".join(said + summary)[-8000:] or output[-6000:]
+
+
 def run_part(name: str, part: dict) -> dict:
     """Run the part's tests: once with its ``env``, or once per shard at the same time, each shard with its own
     environment (its share of the rounds), test servers and temporary directory (so its own topic and
@@ -87,7 +96,7 @@ def run_part(name: str, part: dict) -> dict:
                        if " in " in line and (" passed" in line or " failed" in line or " error" in line)), "")
                  for output in outputs]
     passed = all(proc.returncode == 0 for proc in procs)
-    anomalies = [output[-6000:] for proc, output in zip(procs, outputs) if proc.returncode != 0]
+    anomalies = [failure(output) for proc, output in zip(procs, outputs) if proc.returncode != 0]
     print(f"soak: {name}: {'passed' if passed else 'FAILED'} in {wall / 60:.1f} min {'; '.join(summaries)}",
           flush=True)
     return {"commit": commit(), "started": when, "machine": where, "tests": part["tests"],

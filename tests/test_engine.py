@@ -132,6 +132,22 @@ def test_remap_is_monotone(remap):
         assert before.frontier.less_equal(after.frontier)
 
 
+@given(remaps(), st.data())
+def test_a_remap_until_an_upper_is_the_prefix_later_ticks_extend(remap, data):
+    """``until(u)`` is the remap as it stood at upper ``u``: it reads as ``remap`` below ``u``, and minting the
+    later bindings onto it gives ``remap`` back (a window checked against it stays exact while ticks go on)."""
+    upper = data.draw(st.integers(remap.since, remap.upper))
+    earlier = remap.until(upper)
+    assert earlier.upper == upper and earlier.since == remap.since
+    for t in range(remap.since, upper):
+        assert earlier.at(t) == remap.at(t)
+    for binding in remap.bindings[len(earlier.bindings):]:
+        earlier = earlier.mint(*binding)
+    assert earlier.bindings == remap.bindings
+    with pytest.raises(RemapError, match="no remap had upper"):
+        remap.until(remap.upper + 1)
+
+
 @given(remaps())
 def test_increments_round_trip_is_deterministic_replay(remap):
     assert Remap.from_increments(remap.increments(), remap.since, remap.upper) == remap

@@ -453,6 +453,19 @@ def pending(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
     return (start, upto) if upto >= start else None
 
 
+def staged_window(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
+    """The window a check step checks: the :func:`pending` one, or when it has no staged batch (a tick bound more
+    since the stage), the pending window's longest prefix ``[start, u]`` that has one (checked against
+    ``remap.until(u + 1)``: bindings below an upper never change).  So a stage, check and publish go through
+    while ticks race them, instead of each tick sending the batch back to its stage.  None: nothing pending."""
+    window = pending(remap, tables)
+    if window is None:
+        return None
+    start, upto = window
+    staged = [u for u in tables.staged_uptos() if start <= u <= upto]
+    return (start, staged[-1]) if staged and staged[-1] != upto else window
+
+
 def stage(name: str, config_path: str | None = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files.
 
@@ -522,8 +535,9 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
             remap = ctx.tables.read_remap()
             results = {"remap": check_remap(ctx.tables.remap_frame(), since=remap.since,
                                             upstreams=ctx.tables.recorded_upstreams(), gx=gx)}
-            window = pending(remap, ctx.tables)
+            window = staged_window(remap, ctx.tables)
             if window is not None:
+                remap = remap.until(window[1] + 1)  # the remap the batch was staged from
                 with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
                     results.update(_check_batch(ctx, remap, window, gx))
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
@@ -562,16 +576,20 @@ def publish(name: str, config_path: str | None = None, spark=None) -> dict:
     """Commit the checked staged batch into the reclocked table (one idempotent Delta commit).
 
     Only a batch whose checks passed is published: the last check record (:mod:`reclock.check_log`) must be
-    a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.
+    a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.  The
+    window is the pending one, or the prefix of it that the last check checked (:func:`staged_window`).
     """
     from . import check_log
     from .checks import ChecksFailed
 
     with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
-        window = pending(ctx.tables.read_remap(), ctx.tables)
+        remap = ctx.tables.read_remap()
+        window = pending(remap, ctx.tables)
         if window is None:
             return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
         checked = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
+        if (checked.get("window") or [None])[0] == window[0] and window[0] <= checked["window"][1] < window[1]:
+            window = tuple(checked["window"])  # a prefix of the pending window, checked (staged_window)
         if not (checked.get("success") and checked.get("window") == list(window)):
             raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
                                + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")

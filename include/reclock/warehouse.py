@@ -812,6 +812,22 @@ class SourceTables:
         _, attempt = self._attempts(self._fs(), upto)
         return (spark or self.spark).read.schema(self.spark_schema("reclocked")).parquet(self._spark_path(attempt))
 
+    def staged_uptos(self) -> list[int]:
+        """The ``upto`` of every window with a complete staged attempt, ascending (published ones too, until
+        their staging is cleared)."""
+        fs = self._fs()
+        parent = f"reclocked/{STAGED}"
+        uptos = []
+        for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
+            name = info.base_name
+            if info.type == pafs.FileType.Directory and name.startswith("upto=") and name[5:].lstrip("-").isdigit():
+                try:
+                    self._attempts(fs, int(name[5:]))
+                except WarehouseError:  # no complete attempt
+                    continue
+                uptos.append(int(name[5:]))
+        return sorted(uptos)
+
     def _attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
         """Every staged attempt directory for ``upto``, and the latest complete one."""
         attempts = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(_upto_dir(upto), allow_not_found=True))

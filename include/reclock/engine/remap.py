@@ -91,6 +91,16 @@ class Remap:
             return Remap(self.bindings, self.since, into_time + 1)
         return Remap(self.bindings + (binding,), self.since, into_time + 1)
 
+    def until(self, upper: int) -> "Remap":
+        """The remap as it stood when its upper was ``upper``: its bindings before ``upper``, the same ``since``.
+
+        Bindings below the upper never change (ticks only add later ones), so a batch staged and checked against
+        ``remap.until(u)`` stays exact however far ticks move ``remap`` on; :class:`RemapError` for an ``upper``
+        before ``since`` or beyond this remap's."""
+        if not self.since <= upper <= self.upper:
+            raise RemapError(f"no remap had upper {upper}: since = {self.since}, remap upper = {self.upper}")
+        return Remap(tuple(b for b in self.bindings if b.into_time < upper), self.since, upper)
+
     def binding_time(self, wall_clock: int) -> int:
         """The IntoTime a tick binds at: ``max(wall_clock, upper)``, so a clock that stepped back (an NTP
         correction, two workers with skewed clocks) binds at the upper instead of wedging the source."""
