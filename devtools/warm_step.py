@@ -2,7 +2,7 @@
 
 It imports what a step imports (reclock, pyspark, Great Expectations, deltalake) and opens the Spark session
 the sources file ``CONFIG`` names (a local JVM, warmed on a scratch Delta table, or a client of its Spark
-Connect server), then waits for one
+Connect server; ``--no-warm-delta``: not warmed), then waits for one
 request line on stdin, ``{"argv": [...], "env": {...}}``: it sets ``env`` (e.g. ``RECLOCK_KILL_AT``) and runs
 ``reclock --config CONFIG *argv`` in this process, whose session :func:`reclock.spark_session.get_spark` returns
 (``getOrCreate``).  So the command behaves as ``python -m reclock.cli`` would, the same code on the same
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     config = load_config(config_path)
     spark = get_spark(config.spark_master, "reclock-warm", s3=config.warehouse.startswith("s3"),
                       conf=config.spark_conf, remote=config.spark_remote)
-    if not config.spark_remote:
+    if not config.spark_remote and "--no-warm-delta" not in argv[1:]:
         _warm_delta(spark)
     print("warm: ready", flush=True)
     line = sys.stdin.readline()

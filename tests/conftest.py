@@ -339,23 +339,33 @@ class WarmCommands:
     like :func:`run_cli` does (its own session: kill it with os.killpg; stdout and stderr in one pipe), so a
     test that runs many commands in a row (the SIGKILL fault test) waits for none of their cold starts."""
 
-    def __init__(self, config: str, ahead: int = 1):
-        self.config, self.ahead = config, ahead
-        self.ready = [self._start() for _ in range(ahead)]
+    def __init__(self, config: str, ahead: int = 1, uses: int | None = None, warm_delta: bool = True):
+        """``uses``: how many commands the test expects to run (no more start ahead than that: a started JVM
+        costs CPU whether used or not); ``warm_delta``: warm a local JVM on a scratch Delta table too (worth it
+        only where the CPU has idle time to hide it in: long runs, not one round on a busy machine)."""
+        self.config, self.ahead, self.left, self.warm_delta = config, ahead, uses, warm_delta
+        self.ready = []
+        self._top_up()
+
+    def _top_up(self) -> None:
+        while len(self.ready) < self.ahead and (self.left is None or self.left > len(self.ready)):
+            self.ready.append(self._start())
 
     def _start(self):
         import subprocess
 
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        return subprocess.Popen([sys.executable, "-m", "devtools.warm_step", self.config], env=env,
+        options = [] if self.warm_delta else ["--no-warm-delta"]
+        return subprocess.Popen([sys.executable, "-m", "devtools.warm_step", self.config, *options], env=env,
                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
     def run(self, *args, env_extra=None):
         proc = self.ready.pop(0) if self.ready else self._start()
-        while len(self.ready) < self.ahead:
-            self.ready.append(self._start())
+        if self.left is not None:
+            self.left -= 1
+        self._top_up()
         proc.stdin.write((json.dumps({"argv": list(args), "env": env_extra or {}}) + "\n").encode())
         proc.stdin.close()
         proc.stdin = None  # so communicate() reads its output as of a run_cli process

@@ -385,7 +385,7 @@ def test_versions_agree_with_the_poms_and_pins(svc):
 # --- the image's Python packages: Airflow with its constraints, the runtime without the test tools -----
 
 RUNTIME = REPO / "requirements-runtime.txt"
-TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto"}
+TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material"}  # and the docs site's
 
 
 def requirement_names(path: Path) -> set[str]:

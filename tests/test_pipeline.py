@@ -215,7 +215,10 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
     names, config = topics
-    local, connected = WarmCommands(config, ahead=3), WarmCommands(over_connect(config, spark_connect))
+    jvm_points = sum(p in JVM_COMMITS for points in KILL_POINTS.values() for p in points)
+    local = WarmCommands(config, ahead=3, uses=jvm_points * FAULT_ROUNDS, warm_delta=FAULT_ROUNDS > 1)
+    connected = WarmCommands(over_connect(config, spark_connect),
+                             uses=(sum(map(len, KILL_POINTS.values())) - jvm_points) * FAULT_ROUNDS)
     try:
         produced = kill_at_every_point(kafka_broker, names["clicks"], config, spark, local, connected)
     finally:
