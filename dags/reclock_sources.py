@@ -107,9 +107,9 @@ class ReclockSparkSubmitOperator(SparkSubmitOperator):
 def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     """SparkSubmitOperator arguments: this venv's spark-submit and Python for local/standalone masters.
 
-    ``conf`` starts from :func:`reclock.spark_session.session_conf`: its ``spark.jars`` (delta-spark,
-    spark-sql-kafka) must reach spark-submit, since a session built inside the job comes too late to
-    put jars on the driver's classpath; the sources file's ``spark_conf`` overrides it.
+    ``conf`` starts from :func:`reclock.spark_session.session_conf`: its jars (delta-spark, spark-sql-kafka;
+    on the driver's classpath for a local master, ``spark.jars`` for another) must reach spark-submit, since a
+    session built inside the job comes too late to load jars; the sources file's ``spark_conf`` overrides it.
     """
     bin_dir = Path(sys.executable).parent  # the venv's bin, not resolved through the python symlink
     same_python = config.spark_master.startswith(("local", "spark://"))
@@ -123,7 +123,7 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
         "spark_binary": str(bin_dir / "spark-submit") if (bin_dir / "spark-submit").exists() else "spark-submit",
         # pip's spark-submit finds SPARK_HOME by running $PYSPARK_PYTHON (default: python3 on PATH).
         "env_vars": {"PYSPARK_PYTHON": sys.executable} if same_python else None,
-        "conf": {**session_conf(s3=config.warehouse.startswith("s3")), **({"spark.pyspark.python": sys.executable} if same_python else {}),
+        "conf": {**session_conf(s3=config.warehouse.startswith("s3"), master=config.spark_master), **({"spark.pyspark.python": sys.executable} if same_python else {}),
                  **config.spark_conf},
     }
 

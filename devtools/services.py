@@ -79,8 +79,16 @@ class Run:
 
     @classmethod
     def open(cls) -> "Run":
+        """A new run directory, after removing those of runs that were killed (owner and keepers gone)."""
+        for old in Path(tempfile.gettempdir()).glob("reclock-test-servers-*"):
+            if not (old / "owner").exists():
+                continue  # being opened right now
+            pids = [p.read_text() for p in [old / "owner", *old.glob("*.keeper")] if p.exists()]
+            if not any(_alive(int(pid)) for pid in pids if pid.strip().isdigit()):
+                shutil.rmtree(old, ignore_errors=True)
         directory = Path(tempfile.mkdtemp(prefix="reclock-test-servers-"))
-        (directory / "owner").write_text(str(os.getpid()))
+        (directory / "owner.tmp").write_text(str(os.getpid()))
+        (directory / "owner.tmp").rename(directory / "owner")  # whole, for a sweep that reads it
         return cls(directory)
 
     def started(self) -> dict[str, dict]:

@@ -40,6 +40,11 @@ def pytest_configure(config):
 
     if not hasattr(config, "workerinput"):
         config.reclock_servers = services.Run.open()
+        # Every Spark JVM of the run (workers', steps', servers') keeps its scratch (block manager, userFiles,
+        # pyspark) in the run directory, removed at the end: a JVM a test kills cannot clean its own.
+        scratch = config.reclock_servers.dir / "spark-scratch"
+        scratch.mkdir()
+        os.environ.setdefault("SPARK_LOCAL_DIRS", str(scratch))
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_HandServersToWorkers(config.reclock_servers.dir))
 

@@ -192,7 +192,9 @@ def test_spark_task(parsed):
     # Every session setting, jars included (Spark's Kafka source, Delta), then the config's spark.conf.
     from reclock.spark_session import session_conf
 
-    assert spark["conf"] == {**session_conf(), "spark.pyspark.python": PYTHON, "spark.ui.enabled": "false"}
+    assert spark["conf"] == {**session_conf(master="local[1]"), "spark.pyspark.python": PYTHON,
+                             "spark.ui.enabled": "false"}
+    assert "spark.jars" not in spark["conf"]  # a local master: the jars on the driver's classpath, not copied
 
 
 @pytest.mark.parametrize("case, message", [

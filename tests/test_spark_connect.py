@@ -183,7 +183,8 @@ def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_con
     conf = dict(argv[i + 1].split("=", 1) for i, w in enumerate(argv) if w == "--conf")
     assert argv[0].endswith("pyspark/bin/spark-submit") and argv[-1] == "spark-internal"
     assert argv[argv.index("--class") + 1] == "org.apache.spark.sql.connect.service.SparkConnectServer"
-    assert any("delta-spark_4.1_2.13" in jar for jar in conf["spark.jars"].split(","))
+    # The server's master is local[2]: the jars on its driver's classpath.
+    assert any("delta-spark_4.1_2.13" in jar for jar in conf["spark.driver.extraClassPath"].split(os.pathsep))
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.connect.grpc.binding.port"] == "15002" and conf["spark.sql.session.timeZone"] == "UTC"
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://s3:9000"  # the server's business, not a session's

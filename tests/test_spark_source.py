@@ -200,6 +200,20 @@ def test_read_ranges_uses_spark_kafka_source(spark, kafka_spec, monkeypatch):
     assert read_ranges(spark, kafka_spec, [(1, 0, 0, 2)]).count() == 2
 
 
+def test_a_local_session_loads_its_jars_in_place(spark):
+    """A local session has reclock's jars (and the tests' S3 jars) on its driver's classpath, not as spark.jars,
+    which would copy all 640 MB of them into the driver's scratch directory at each JVM's start (left in /tmp by
+    every JVM a test kills: a CI machine ran out of disk)."""
+    from pathlib import Path
+
+    from pyspark import SparkFiles
+
+    classpath = spark.sparkContext.getConf().get("spark.driver.extraClassPath", "")
+    assert any("delta-spark_" in j for j in classpath.split(":")) and any("hadoop-aws" in j for j in classpath.split(":"))
+    assert not spark.sparkContext.getConf().get("spark.jars", "")
+    assert not list(Path(SparkFiles.getRootDirectory()).glob("*.jar"))
+
+
 def test_spark_read_empty_ranges_do_not_contact_kafka(spark):
     spec = {"kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topic": "nowhere", "group_id": "g", "timeout_s": 1}
     t0 = time.monotonic()

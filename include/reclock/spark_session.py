@@ -2,8 +2,12 @@
 or ``RECLOCK_SPARK_MASTER``, or a long-lived Spark Connect server (``remote``, ``sc://host:port``).
 
 The JVM jars Spark lacks (delta-spark, spark-sql-kafka and their dependencies) are fetched by
-``make setup`` from ``jvm/spark/pom.xml`` into ``var/jars/spark``; every session loads them with
-``spark.jars`` (``RECLOCK_SPARK_JARS`` names another folder, e.g. in a container image).
+``make setup`` from ``jvm/spark/pom.xml`` into ``var/jars/spark`` (``RECLOCK_SPARK_JARS`` names another
+folder, e.g. in a container image).  A session on a local master puts them on its driver's classpath
+(``spark.driver.extraClassPath``: its executors are the driver); any other master gets them as ``spark.jars``,
+which the driver serves to its executors.  ``spark.jars`` on a local master would copy every jar into the
+driver's scratch directory at each start (2-3 s and 640 MB with the S3 jars, left behind by a JVM that is
+killed).
 
 A session on a master starts a JVM (the driver) in this process: seconds before the first job.  A
 *remote* session is a thin Spark Connect client of a server that stays up (:func:`connect_server_command`
@@ -53,9 +57,18 @@ def spark_jars(s3: bool = False) -> list[str]:
     return jars
 
 
-def session_conf(s3: bool = False) -> dict[str, str]:
-    """What every reclock session is configured with (also what spark-submit gets as --conf)."""
-    return {"spark.jars": ",".join(spark_jars(s3)), **_settings()}
+def session_conf(s3: bool = False, master: str | None = None) -> dict[str, str]:
+    """What every reclock session on ``master`` is configured with (also what spark-submit gets as --conf):
+    the jars on the driver's classpath for a local master, as ``spark.jars`` for any other (or ``None``)."""
+    jars = spark_jars(s3)
+    if master is not None and is_local(master):
+        return {"spark.driver.extraClassPath": os.pathsep.join(jars), **_settings()}
+    return {"spark.jars": ",".join(jars), **_settings()}
+
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs its executors in the driver's JVM (``local``, ``local[4]``, ``local[*, 2]``)."""
+    return master == "local" or master.startswith("local[")
 
 
 def _settings() -> dict[str, str]:
@@ -100,7 +113,7 @@ def connect_server_command(port: int, host: str = "0.0.0.0", master: str = "loca
     inherited = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
     pythonpath = os.pathsep.join(dict.fromkeys([include, *inherited]))
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
-    settings = {**session_conf(s3), "spark.connect.grpc.binding.address": host,
+    settings = {**session_conf(s3, master), "spark.connect.grpc.binding.address": host,
                 "spark.connect.grpc.binding.port": str(port), "spark.pyspark.python": python,
                 "spark.executorEnv.PYTHONPATH": pythonpath, **(conf or {})}
     argv = [str(spark_submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -111,13 +124,16 @@ def connect_server_command(port: int, host: str = "0.0.0.0", master: str = "loca
     return argv + ["spark-internal"], env
 
 
-def _builder(app_name: str, s3: bool = False, conf: dict | None = None):
+def _builder(app_name: str, master: str | None, s3: bool = False, conf: dict | None = None):
+    """``master`` ``None``: spark-submit chose it (and set the jars)."""
     from pyspark.sql import SparkSession
 
     # Python workers must import reclock: run them on this interpreter unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in {**session_conf(s3), **(conf or {})}.items():
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in {**session_conf(s3, master), **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder
 
@@ -133,8 +149,7 @@ def get_spark(master: str | None = None, app_name: str = "reclock", s3: bool = F
     """
     if remote:
         return remote_spark(remote, app_name, conf)
-    return (_builder(app_name, s3, conf).master(master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]"))
-            .getOrCreate())
+    return _builder(app_name, master or os.environ.get("RECLOCK_SPARK_MASTER", "local[2]"), s3, conf).getOrCreate()
 
 
 def remote_spark(url: str, app_name: str = "reclock", conf: dict | None = None):
@@ -166,7 +181,7 @@ def is_remote(spark) -> bool:
 
 def submitted_spark(app_name: str = "reclock", s3: bool = False):
     """The session of a job started by spark-submit, which chose the master."""
-    return _builder(app_name, s3).getOrCreate()
+    return _builder(app_name, None, s3).getOrCreate()
 
 
 def spark_schema(arrow_schema):
