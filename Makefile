@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast soak bench clean
+.PHONY: setup demo up test test-fast soak bench clean
 
 KINESIS := devtools/kinesis
 # Test worker processes (pytest-xdist), a test file to each; 0 runs the tests in this process alone.
@@ -31,6 +31,11 @@ $(STAMP): requirements.txt requirements-runtime.txt pyproject.toml include/syste
 
 demo: setup
 	$(BIN)/python -m devtools.demo
+
+# The local platform in the Airflow UI (devtools/up.py): servers, airflow standalone, the demo's sources every
+# minute, records arriving; Ctrl-C stops it all.
+up: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m devtools.up
 
 test: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir var/site  # the docs site: any warning fails

@@ -63,7 +63,8 @@ import yaml
 from devtools.kafka_broker import LocalBroker, create_topic
 from reclock import pipeline
 from reclock.config import load_config
-from reclock.sources.kafka import SPARK_FETCH_MAX_WAIT_MS, KafkaSource
+from reclock.sources.kafka import KafkaSource
+from reclock.spark_kafka import SPARK_FETCH_MAX_WAIT_MS
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
@@ -235,7 +236,7 @@ def produce(spark, bootstrap: str, topic: str, start: int, count: int, partition
 
 def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]):
     """Spark's own Kafka source over offsets ``[start, end)`` of each partition in ``bounds``, with reclock's
-    ``fetch.max.wait.ms`` (:data:`reclock.sources.kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
+    ``fetch.max.wait.ms`` (:data:`reclock.spark_kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
     ~0.5 s per partition at the log end, and the baseline must not be slower than it need be."""
     offsets_at = lambda i: json.dumps({topic: {str(p): b[i] for p, b in bounds.items()}})  # noqa: E731
     return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
@@ -359,11 +360,40 @@ class Bench:
         copy = self.workdir / f"copy-{name}"
         copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
         copy_s = sum(copies) / len(copies)
+        query = self.query(name, copy, records)
         compaction = self.compaction(name, copy) if a.compaction else {}
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "copies_s": copies, "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"],
                 "peak_rss": reclock["peak_rss"], "driver_heap_after_gc": reclock["driver_heap_after_gc"],
-                "driver_heap_retained": reclock["driver_heap_retained"], "source": name, **compaction}
+                "driver_heap_retained": reclock["driver_heap_retained"], "source": name, **query, **compaction}
+
+    def query(self, name: str, copy: Path, records: int) -> dict:
+        """``reclock query --as-of latest`` counting the source's rows, as a command of its own (no JVM: DuckDB
+        over the published table), against Spark counting the copy's Delta table and answering the same AS OF
+        query (:func:`reclock.query.query_as_of`), both in the warm session of the run."""
+        from reclock.query import common_readable, query_as_of
+
+        sql = f"SELECT count(*) AS n FROM {name}"
+        command = [sys.executable, "-m", "reclock.cli", "--config", str(self.config), "query", "--as-of", "latest",
+                   "--source", name, "--sql", sql]
+        start = time.perf_counter()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        query_s = time.perf_counter() - start
+        if out.returncode != 0 or f"{records:,}".replace(",", "") not in out.stdout.replace(",", ""):
+            raise RuntimeError(f"{name}: reclock query answered {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        start = time.perf_counter()
+        counted = self.spark.read.format("delta").load(copy.as_uri()).count()
+        spark_count_s = time.perf_counter() - start
+        t = common_readable([name], str(self.config))[1] - 1
+        start = time.perf_counter()
+        answered = query_as_of(self.spark, sql, t, [name], str(self.config)).first()["n"]
+        spark_query_s = time.perf_counter() - start
+        if counted != records or answered != records:
+            raise RuntimeError(f"{name}: the copy holds {counted} rows, Spark's AS OF query counted {answered}")
+        print(f"    reclock query --as-of latest (count, no JVM, a process of its own): {query_s:.2f}s; Spark in the "
+              f"warm session: the copy's count {spark_count_s:.2f}s, the same AS OF query {spark_query_s:.2f}s",
+              flush=True)
+        return {"query_s": query_s, "spark_count_s": spark_count_s, "spark_query_s": spark_query_s}
 
     def compaction(self, name: str, copy: Path) -> dict:
         """A compaction that folds the measured batch: one more run binds ``COMPACTED_EXTRA`` records at a later

@@ -46,6 +46,26 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stderr: bool 
     return proc.stdout
 
 
+def stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started in its group: SIGTERM to
+    the group, then, once the leader ended or ``timeout`` passed, SIGKILL to whatever of the group is left."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what outlived its leader, or a leader that did not stop
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 SPARK_POOL, SPARK_POOL_SLOTS = "reclock_spark", 4  # the DAGs' pool for Spark work (dags/reclock_sources.py)
 
 

@@ -3,12 +3,12 @@
 It imports what a step imports (reclock, pyspark, Great Expectations, deltalake) and opens the Spark session
 the sources file ``CONFIG`` names (a local JVM, warmed on a scratch Delta table, or a client of its Spark
 Connect server; ``--no-warm-delta``: not warmed), then waits for one
-request line on stdin, ``{"argv": [...], "env": {...}}``: it sets ``env`` (e.g. ``RECLOCK_KILL_AT``) and runs
-``reclock --config CONFIG *argv`` in this process, whose session :func:`reclock.spark_session.get_spark` returns
+request line on stdin, ``{"argv": [...], "env": {...}}``: it sets ``env`` (e.g. ``RECLOCK_KILL_AT``: the crash
+point of :mod:`devtools.crash_points` it installs) and runs ``reclock --config CONFIG *argv`` in this process, whose session :func:`reclock.spark_session.get_spark` returns
 (``getOrCreate``).  So the command behaves as ``python -m reclock.cli`` would, the same code on the same
 session, without paying a cold start while a test waits: ``tests/conftest.py``'s :class:`WarmCommands` starts
 the next one while the last runs.  Started as the leader of its own session, it dies with its JVM when a crash
-point of :mod:`reclock.faults` kills its process group.
+point of :mod:`devtools.crash_points` kills its process group.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def main(argv: list[str]) -> int:
         return 0
     request = json.loads(line)
     os.environ.update(request.get("env") or {})
+    from devtools.crash_points import install_from_env
+
+    install_from_env()
     return cli.main(["--config", config_path, *request["argv"]])
 
 

@@ -28,13 +28,10 @@ from pathlib import Path
 
 import pytest
 
-import os
-import signal
-import subprocess
 import urllib.request
 
 from devtools import airflow_home
-from devtools.airflow_home import DAGS_FOLDER, PYTHON, REPO, run  # noqa: F401  (re-exported for tests)
+from devtools.airflow_home import DAGS_FOLDER, PYTHON, REPO, run, stop_group  # noqa: F401  (re-exported for tests)
 
 _MARK = "RECLOCK_AIRFLOW_RESULT "
 
@@ -100,12 +97,3 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    """Stop a process started with ``start_new_session=True`` and everything it started."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()

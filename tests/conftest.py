@@ -12,6 +12,8 @@ import pytest
 
 from reclock.engine import Frontier
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 # --- the order workers take test files in ----------------------------------------------------------
 
@@ -328,12 +330,40 @@ def assert_reclocked_is_replay(name, config, spark):
     assert expected and reclocked_rows(name, config) == expected
 
 
+def as_of_views(spark, t: int, names, config) -> dict:
+    """Spark's AS OF views of ``names`` at ``t`` (:func:`reclock.query.register_as_of`), each checked against the
+    views of the JVM-free query (:func:`reclock.query.duckdb_as_of`): the same columns, the same rows as multisets,
+    or the same refusal.  ``{view: Counter of rows}``; a :class:`QueryError` both raised is raised."""
+    from reclock.query import QueryError, duckdb_as_of, register_as_of
+
+    def rows(records):
+        return Counter(tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r) for r in records)
+
+    try:
+        register_as_of(spark, t, list(names), config)
+    except QueryError as spark_refusal:
+        with pytest.raises(QueryError) as duckdb_refusal:
+            duckdb_as_of(t, list(names), config)
+        assert str(duckdb_refusal.value) == str(spark_refusal)
+        raise
+    con, _ = duckdb_as_of(t, list(names), config)
+    views = {}
+    for view in [v for n in names for v in (n, f"{n}_progress")]:
+        table = con.table(view).to_arrow_table()
+        views[view] = rows(spark.table(view).collect())
+        assert table.column_names == spark.table(view).columns, view
+        assert rows(tuple(r.values()) for r in table.to_pylist()) == views[view], (view, t)
+    return views
+
+
 def run_cli(config, *args, env_extra=None):
-    """``reclock --config config *args`` as a process of its own session (kill it with os.killpg)."""
+    """``reclock --config config *args`` as a process of its own session (kill it with os.killpg); with
+    ``RECLOCK_KILL_AT`` in ``env_extra``, with that crash point (:mod:`devtools.crash_points`)."""
     import subprocess
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "reclock.cli", "--config", config, *args],
+    entry = "devtools.crash_points" if "RECLOCK_KILL_AT" in (env_extra or {}) else "reclock.cli"
+    return subprocess.Popen([sys.executable, "-m", entry, "--config", config, *args], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 

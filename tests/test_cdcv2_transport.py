@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import stage_parquet
+from conftest import as_of_views, stage_parquet
 
 from reclock import cli, pipeline
 from devtools.kafka_broker import create_topic, produce
@@ -167,7 +167,6 @@ def shuffled_to_partitions(texts: list[str], seed: int) -> list[tuple]:
 
 @pytest.mark.slow
 def test_kafka_transport_source_pipeline_and_as_of(kafka_broker, spark, tmp_path):
-    from reclock.query import register_as_of
 
     topic = f"cdc-{uuid.uuid4().hex[:8]}"
     create_topic(kafka_broker, topic, partitions=2)
@@ -188,7 +187,7 @@ def test_kafka_transport_source_pipeline_and_as_of(kafka_broker, spark, tmp_path
     pipeline.run_once("cdc", config, spark, now=2_000)
 
     for t, before in [(1_000, 20), (2_000, 40)]:
-        register_as_of(spark, t, ["cdc"], config)
+        as_of_views(spark, t, ["cdc"], config)  # Spark's, the same as the JVM-free query's
         rows = spark.sql("SELECT data, partition FROM cdc").collect()
         assert Counter(r.data for r in rows) == contents(before) and {r.partition for r in rows} == {""}
     with pipeline.open_source("cdc", config) as ctx:

@@ -49,6 +49,8 @@ def errors(capsys, argv: list[str]) -> tuple[int, list[str]]:
     (["query", "--as-of", "1", "--limit", "2147483648"], "argument --limit: must be a whole number from 0"),
     (["query", "--as-of", "1", "--source", "logs", "--source", "nope"], "no source named 'nope' (known: logs)"),
     (["query"], "the following arguments are required: --as-of"),
+    (["query", "--as-of", "1", "--engine", "duckdb"], "logs: AS OF 1 is not complete yet; logs is complete below 0"),
+    (["query", "--as-of", "1", "--engine", "sql"], "argument --engine: invalid choice: 'sql'"),
     (["backfill", "logs", "--from", "0", "--to", "99999999999999999999999999"], "argument --to: "
                                                                                 "99999999999999999999999999 is out"),
     (["backfill", "logs", "--from", "latest", "--to", "5"], "argument --from: 'latest' is neither milliseconds"),
@@ -64,6 +66,16 @@ def test_bad_arguments_are_one_line(capsys, config, args, message):
     code, lines = errors(capsys, ["--config", config, *args])
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("reclock: error: ") and message in lines[0]
+
+
+def test_the_query_without_spark_refuses_typed_views(capsys, tmp_path):
+    """A Postgres source's typed views are Spark SQL's: --engine duckdb refuses it before reading anything."""
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({"warehouse": str(tmp_path / "warehouse"), "sources": [
+        {"name": "pg", "kind": "postgres", "options": {"dsn": "host=/nowhere", "slot": "s", "tables": ["t"]}}]}))
+    code, lines = errors(capsys, ["--config", str(path), "query", "--as-of", "1", "--engine", "duckdb"])
+    assert (code, lines) == (2, ["reclock: error: pg: the typed views of its upstream tables are Spark's "
+                                 "(query with --engine spark)"])
 
 
 def test_every_config_problem_is_a_line(capsys, tmp_path):

@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from conftest import check_engine_laws, over_connect, run_cli, write_sources_config
+from conftest import as_of_views, check_engine_laws, over_connect, run_cli, write_sources_config
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devtools.kinesis_server import create_stream, delete_stream, merge, open_shards, put, shards, split
@@ -119,7 +119,6 @@ def reclocked_rows_kinesis(config) -> list[tuple]:
 @pytest.mark.slow
 def test_four_shards_resharded_mid_run_bound_once_parent_before_child_as_of(
         spark, tmp_path, kinesis_server, kinesis_stream):
-    from reclock.query import register_as_of
 
     k, stream = kinesis_server.client(), kinesis_stream(shards=4)
     config = kinesis_config(tmp_path, kinesis_server, stream)
@@ -158,7 +157,7 @@ def test_four_shards_resharded_mid_run_bound_once_parent_before_child_as_of(
         for parent in parents:
             assert child and min(child) > max(t for (p, _), t in into_time.items() if p == parent)
     for t in remaps:  # AS OF each tick: exactly the records bound by then
-        register_as_of(spark, t, ["kin"], config)
+        as_of_views(spark, t, ["kin"], config)  # Spark's, the same as the JVM-free query's
         got = Counter(bytes(r["data"]) for r in spark.table("kin").collect())  # AS OF views: the contents
         assert got == Counter(d for (p, o), d in sent.items() if o < remaps[t][p]), t
 
@@ -206,7 +205,7 @@ def test_restart_after_sigkill_mid_tick_loses_and_duplicates_nothing(spark, spar
         data = [f"{s[-1]}-{i}".encode() for i in range(250)]
         sent.update({(s, int(seq)): d for seq, d in zip(put(k, stream, data, s), data)})
     # a tick (a client of the run's Spark Connect server) killed right after its landing committed, before it
-    # bound anything (the crash point after the landing's commit, reclock.faults: a tick's binding follows the
+    # bound anything (the crash point after the landing's commit, devtools.crash_points: a tick's binding follows the
     # landing within milliseconds, sooner than a kill on reading its log line would land)
     proc = run_cli(over_connect(config, spark_connect), "tick", "kin",
                    env_extra={"RECLOCK_KILL_AT": "reclock.landing:after"})

@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import signal
 import uuid
 
 import pytest
 import yaml
-from conftest import (WarmCommands, assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows, run_cli,
-                      wait_for, write_config)
+from conftest import (WarmCommands, as_of_views, assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows,
+                      run_cli, wait_for, write_config)
 
 from reclock import pipeline
 from devtools.kafka_broker import add_partitions, create_topic, produce
 from reclock.engine import Frontier, RemapError
-from reclock.query import QueryError, readable, register_as_of
+from reclock.query import QueryError, readable
 
 pytestmark = pytest.mark.slow
 
@@ -83,22 +85,35 @@ def test_as_of_join_across_sources_and_refusals(kafka_broker, spark, topics):
     for name in names:
         pipeline.run_once(name, config, spark, now=20_000)
 
-    register_as_of(spark, 15_000, list(names), config)
+    as_of_views(spark, 15_000, names, config)  # Spark's views, the same as the JVM-free query's
     joined = spark.sql("SELECT o.value AS o, count(c.value) AS n FROM orders o JOIN clicks c ON o.key = c.key "
                        "GROUP BY o.value").collect()
     assert {r.o: r.n for r in joined} == {"order-a": 6}
     progress = spark.sql("SELECT * FROM clicks_progress").collect()
     assert {(r.partition, r.offset) for r in progress} == {("0", 2), ("1", 2), ("2", 2)}
-    register_as_of(spark, 20_000, list(names), config)
+    as_of_views(spark, 20_000, names, config)
     assert spark.sql("SELECT count(*) AS n FROM clicks").first().n == 10
 
     with pytest.raises(QueryError, match="not complete"):
-        register_as_of(spark, 20_001, list(names), config)
+        as_of_views(spark, 20_001, names, config)
     pipeline.compact("clicks", config, now=40_000)  # retention 10s: since = min(20_000, 30_000)
     with pytest.raises(QueryError, match="compacted"):
-        register_as_of(spark, 15_000, ["clicks"], config)
-    register_as_of(spark, 20_000, ["clicks"], config)
+        as_of_views(spark, 15_000, ["clicks"], config)
+    as_of_views(spark, 20_000, ["clicks"], config)
     assert spark.sql("SELECT count(*) AS n FROM clicks").first().n == 10
+
+    # The command answers without a JVM (DuckDB over the published tables): no pyspark imported, no java child.
+    script = ("import sys\nfrom reclock.cli import main\ncode = main(sys.argv[1:])\n"
+              "print('PYSPARK', 'pyspark' in sys.modules, 'CODE', code)")
+    cmd = [sys.executable, "-c", script, "--config", config, "query", "--as-of", "20000", "--source", "clicks",
+           "--source", "orders", "--sql", "SELECT count(*) AS clicks_seen FROM clicks JOIN orders USING (key)"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "AS OF 20000 (1970-01-01T00:00:20+00:00)", out
+    assert "clicks_seen" in out.stdout and " 10 " in out.stdout and "PYSPARK False CODE 0" in out.stdout, out.stdout
+    refused = subprocess.run([*cmd[:-2], "--sql", "SELECT * FROM nowhere"], capture_output=True, text=True,
+                             timeout=120)
+    assert "PYSPARK False CODE 2" in refused.stdout and refused.stderr.startswith(
+        "reclock: error: the query failed in DuckDB: "), refused
 
 
 @pytest.mark.parametrize("vacuum, survives", [
@@ -171,7 +186,7 @@ def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, spark_c
         assert remap.frontier == ctx.source.upper()
 
 
-#: The crash points of reclock.faults, by the step whose process reaches them: after each step, and before,
+#: The crash points of devtools.crash_points, by the step whose process reaches them: after each step, and before,
 #: inside and after the Delta commits of tick, publish and compaction (its since append, then its remap and
 #: reclocked rewrites).
 KILL_POINTS = {
@@ -200,7 +215,7 @@ def test_run_once_refuses_an_unknown_step_before_any_work():
 
 
 def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, spark_connect, topics):
-    """``reclock <step>`` killed (SIGKILL, with its process group) at each crash point of :mod:`reclock.faults`
+    """``reclock <step>`` killed (SIGKILL, with its process group) at each crash point of :mod:`devtools.crash_points`
     that its step reaches, every point ``RECLOCK_FAULT_ROUNDS`` times (default 1, for CI's time budget; the
     issue's 50 each is ``RECLOCK_FAULT_ROUNDS=50``).  Records arrive before every run, and each run starts from
     what the last one's crash left: the steps before the killed one run here, then the killed one in a process

@@ -12,8 +12,10 @@ from reclock import spark_source
 from reclock.engine import Frontier, Range, Remap, reclock
 from reclock.sources import build_source
 from reclock.sources.base import SourceError
-from reclock.sources import kafka
-from reclock.sources.kafka import partition_spans, read_tasks, spark_client_options, spark_range_rows
+from reclock import spark_kafka
+from reclock.spark_kafka import (
+    partition_spans, read_tasks, spark_client_options, spark_options, spark_range_rows, spark_read,
+)
 from reclock.spark_source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
 
@@ -64,7 +66,7 @@ def test_read_ranges_two_partitions(spark, kafka_spec):
 
 
 def test_contiguous_ranges_of_a_partition_are_read_by_one_task(spark, kafka_spec, monkeypatch):
-    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)  # no partitions read together
+    monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1)  # no partitions read together
     ranges = [(1000, 0, 0, 2), (2000, 0, 2, 8), (2000, 1, 0, 1), (3000, 1, 1, 3)]
     assert read_ranges(spark, kafka_spec, ranges).rdd.getNumPartitions() == 2
 
@@ -95,7 +97,7 @@ def test_spark_segments_read_each_offset_once_with_its_into_time(remap, max_offs
     assert all(n == -(-remap.frontier[p] // max_offsets) for p, n in per_partition.items())
 
 
-# --- Kafka through Spark's own Kafka source (KafkaSource.spark_read) ---------------------------
+# --- Kafka through Spark's own Kafka source (reclock.spark_kafka) ----------------------------------
 
 COLUMNS = ["key", "value", "timestamp_ms", "partition", "offset", "into_time", "diff"]
 
@@ -185,8 +187,8 @@ def test_spark_read_equals_engine_reference(spark, history, monkeypatch):
     assert rows_of(read_ranges(spark, uncommitted, ranges)) == dirty_expected
 
     # Tasks cut inside partitions start and end on aborted records and markers: same rows.
-    monkeypatch.setattr(spark_source, "MAX_TASK_OFFSETS", 2)
-    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)  # as Spark cuts them
+    monkeypatch.setattr(spark_kafka, "MAX_TASK_OFFSETS", 2)
+    monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1)  # as Spark cuts them
     split = read_ranges(spark, spec, ranges)
     assert split.rdd.getNumPartitions() == 6 + 3 + 2  # ceil(span / 2) tasks per partition: 11, 5, 4 offsets
     assert rows_of(split) == expected
@@ -231,7 +233,7 @@ def test_spark_read_decodes_like_read(spark, kafka_broker, kafka_topic):
     for encoding in ("utf-8", "UTF8", "utf-16-le"):  # utf-16-le: no Spark decoding, the Python reader reads
         spec = kafka_spec_of(kafka_broker, topic, encoding=encoding)
         with build_source(spec) as source:
-            native = source.spark_read(spark, ranges)
+            native = spark_read(source, spark, ranges)
             assert (native is None) == (encoding == "utf-16-le")
             expected = reference_rows_for(source, ranges)
         assert rows_of(read_ranges(spark, spec, ranges)) == expected
@@ -387,18 +389,18 @@ def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_top
         produce(kafka_broker, topic, [f"p{p}-{i}" for i in range(5)], partition=p)
     spec = kafka_spec_of(kafka_broker, topic)
     ranges = [(1000, p, 0, 2) for p in range(6)] + [(2000, p, 2, 5) for p in range(6)]
-    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 12)
+    monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 12)
     df = read_ranges(spark, spec, ranges)
     assert df.rdd.getNumPartitions() == 3  # 30 offsets in tasks of 12 at least, instead of 6
     assert sorted((r.partition, r.offset, r.into_time, r.value) for r in df.collect()) == [
         (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
-    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1000)
-    monkeypatch.setattr(kafka, "MAX_TASK_PARTITIONS", 4)
+    monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1000)
+    monkeypatch.setattr(spark_kafka, "MAX_TASK_PARTITIONS", 4)
     df = read_ranges(spark, spec, ranges)
     assert df.rdd.getNumPartitions() == 2  # one task would do for the offsets, but 4 partitions at most each
     assert sorted((r.partition, r.offset, r.into_time, r.value) for r in df.collect()) == [
         (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
-    monkeypatch.setattr(kafka, "MIN_TASK_OFFSETS", 1)
+    monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1)
     assert read_ranges(spark, spec, ranges).rdd.getNumPartitions() == 6  # one per partition, as Spark reads them
 
 
@@ -408,7 +410,7 @@ def test_spark_reads_do_not_wait_at_the_log_end(kafka_broker, config, wait):
     default 500 ms is paid by every task), unless the source's config sets librdkafka's ``fetch.wait.max.ms``."""
     spec = {"kind": "kafka", "bootstrap_servers": kafka_broker, "topic": "t", "group_id": "g", "config": config}
     with build_source(spec) as source:
-        assert source.spark_options({0: (0, 5)})["kafka.fetch.max.wait.ms"] == wait
+        assert spark_options(source, {0: (0, 5)})["kafka.fetch.max.wait.ms"] == wait
 
 
 def test_spark_client_options(kafka_broker):

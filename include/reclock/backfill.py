@@ -53,7 +53,7 @@ from .engine import Frontier, Range, Remap
 from .engine.upstream import clip_ranges, identity_problems, replay_problem
 from .pipeline import SourceContext, open_source, read_bound
 from .sources.base import identity_of, released_frontier
-from .warehouse import RECLOCKED_APP, UpstreamRecord, _app_version
+from .warehouse import RECLOCKED_APP, UpstreamRecord, app_version
 
 log = logging.getLogger("reclock")
 
@@ -133,7 +133,7 @@ def _pin(ctx: SourceContext, since: int, where: str) -> tuple[int, int]:
     if ctx.tables.version("reclocked") < 0:
         raise BackfillError(f"{where}: not published yet (nothing is published)")
     table = ctx.tables.table("reclocked")
-    version, published_upper = table.version(), _app_version(table, RECLOCKED_APP, -1) + 1
+    version, published_upper = table.version(), app_version(table, RECLOCKED_APP, -1) + 1
     if ctx.tables.since() != since:  # the snapshot may already hold rows of a newer compaction
         raise BackfillError(f"{where}: a compaction advanced since from {since} meanwhile; retry")
     return version, published_upper

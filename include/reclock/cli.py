@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from . import pipeline
 from .config import config_schema_text, load_config
-from .query import QueryError, common_readable, query_as_of
+from .query import QueryError, common_readable, duckdb_as_of, query_as_of, spark_needed
 from .status import status
 
 STEP_COMMANDS = (*pipeline.STEPS, "run")  # a step of a source, or all of them in order
@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                    "for editors")
     q = sub.add_parser("query", help="query sources AS OF one IntoTime")
     q.add_argument("--as-of", required=True, type=time_or_latest, help="ms since epoch, ISO datetime, or 'latest'")
-    q.add_argument("--sql", help="Spark SQL over the sources' views (default: SELECT * FROM the one source)")
+    q.add_argument("--sql", help="SQL over the sources' views, DuckDB's or Spark's after --engine (default: SELECT * "
+                   "FROM the first source)")
+    q.add_argument("--engine", choices=("auto", "duckdb", "spark"), default="auto",
+                   help="duckdb: no JVM, the published tables read through delta-rs; spark: a Spark session (the "
+                   "sources file's); auto (default): duckdb unless a source has typed views (Postgres)")
     q.add_argument("--source", action="append", help="source(s) to expose (default: all configured)")
     q.add_argument("--limit", type=limit, default=50, help="rows to show (default 50)")
     k = sub.add_parser("sink-cdcv2", help="write a source's reclocked collection as CDC v2 (new intervals only)")
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STEP_COMMANDS:
             if args.command == "run":
                 done = pipeline.run_once(args.source, args.config)
-            else:  # one step, with its crash point after it (reclock.faults)
+            else:  # one step, with its point after it (reclock.points)
                 done = pipeline.run_once(args.source, args.config, steps=(args.command,))[args.command]
             print(json.dumps(done, indent=2, default=str))
         elif args.command == "accept-lost":
@@ -150,6 +154,20 @@ def main(argv: list[str] | None = None) -> int:
             names = args.source or list(load_config(args.config).sources)
             t = parse_time(args.as_of, names, args.config)
             sql = args.sql or f"SELECT * FROM {names[0]}"
+            engine = args.engine
+            if engine == "auto":
+                engine = "spark" if spark_needed(names, args.config) else "duckdb"
+            if engine == "duckdb":
+                con, _ = duckdb_as_of(t, names, args.config)
+                print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
+                import duckdb
+
+                try:
+                    con.sql(sql).limit(args.limit).show(max_rows=args.limit, max_width=10_000)
+                except duckdb.Error as e:
+                    raise QueryError(f"the query failed in DuckDB: {str(e).splitlines()[0]} (Spark SQL: --engine "
+                                     "spark)") from e
+                return 0
             from .spark_session import get_spark
             config = load_config(args.config)
             spark = get_spark(config.spark_master, "reclock-query", s3=config.warehouse.startswith("s3"),

@@ -13,18 +13,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from . import points
 from .clock import now_ms
 from .config import SourceConfig, load_config
 from .connections import resolved_options
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
-from .faults import kill_point
 from .offsets import offset_type_of
 from .sources import build_source, source_class, source_options
 from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
 from .sources.epoch import in_epoch
-from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse
+from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse, txn_processed_upto
 
 log = logging.getLogger("reclock")
 
@@ -205,7 +205,7 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     with ``table_columns`` has its tables' column changes checked (:func:`_check_table_columns`).
 
     A source with ``on_bad_record: dead_letter`` is read so: records that cannot be decoded are in the frame
-    with :data:`reclock.spark_source.BAD_RECORD_COLUMNS` set (:func:`reclock.spark_source.split_bad_records`)."""
+    with :data:`reclock.spark_rows.BAD_RECORD_COLUMNS` set (:func:`reclock.spark_source.split_bad_records`)."""
     from .spark_source import read_ranges
 
     spark = spark or ctx.spark
@@ -633,11 +633,9 @@ def compact(name: str, config_path: str | None = None, now: int | None = None, s
 
 def _consumers_progress(name: str, config_path: str | None) -> list[int]:
     """Last IntoTime processed by each transactions step reading ``name``: compaction must wait for them."""
-    from .transactions import processed_upto
-
     config = load_config(config_path)
     warehouse = Warehouse(config.warehouse, config.storage_options)
-    return [processed_upto(warehouse, t.name) for t in config.transactions.values()
+    return [txn_processed_upto(warehouse, t.name) for t in config.transactions.values()
             if name in (t.data_source, t.tx_source)]
 
 
@@ -658,5 +656,5 @@ def run_once(name: str, config_path: str | None = None, spark=None, now: int | N
     done = {}
     for step in (s for s in STEPS if s in steps):
         done[step] = calls[step]()
-        kill_point(f"after-{step}")  # a crash point of the fault test (inert unless RECLOCK_KILL_AT names it)
+        points.reached(f"after-{step}")  # observable (reclock.points): the fault tests crash here
     return done

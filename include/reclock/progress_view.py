@@ -216,7 +216,7 @@ def chart_svg(rows: Iterable[Sequence], label: str = "", width: int = WIDTH, hei
             steps += [(s.x(t), s.y(before)), (s.x(t), s.y(o))]
         parts.append(f'<g class="series" data-partition="{h(name)}" stroke="{color}" fill="{color}"'
                      + (f' transform="translate(0 {dy:.1f})"' if dy else "") + '>'
-                     f'<polyline class="step" fill="none"' + (f' stroke-dasharray="{dash}"' if dash else "")
+                     '<polyline class="step" fill="none"' + (f' stroke-dasharray="{dash}"' if dash else "")
                      + ' points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in steps) + '"/>')
         for t, o in points:
             parts.append(f'<circle class="point" cx="{s.x(t):.1f}" cy="{s.y(o):.1f}" r="2.5" '

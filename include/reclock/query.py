@@ -5,15 +5,23 @@ contents at IntoTime ``t`` (and ``<name>_progress`` with its remap; for a Postgr
 view per table, ``<name>_<table>``: :mod:`reclock.pg_types`), after checking
 that ``t`` is readable for every source: not compacted away (``t >= since``) and
 complete (``t`` below both the remap and the reclocked uppers).
+
+``duckdb_as_of(t, names)`` makes the same views (but the typed ones) in a DuckDB connection, read through
+delta-rs with no JVM: the published table at one Delta version, scanned as Arrow with ``into_time <= t`` pushed
+down.  Law: for every source and every readable ``t``, its views hold the same rows (as multisets) as the Spark
+ones, and a ``t`` one refuses the other refuses with the same error.  A source with typed views (Postgres)
+is Spark's (:func:`spark_needed`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from . import offsets
 from .config import Config, load_config
 from .engine import RemapError, timestamp_resumption_frontier
 from .pipeline import open_source
+from .sources import source_class
 
 
 class QueryError(ValueError):
@@ -81,17 +89,22 @@ def register_as_of(spark, t: int, names: list[str] | None = None, config_path: s
             contents.createOrReplaceTempView(name)
             if column := getattr(ctx.source, "table_columns", None):
                 _register_typed(df, contents, name, column)
-            # Offsets as the reclocked table stores them (big ones encoded, order-preserving): comparable.
             offset_type = ctx.tables.offset_type
-            try:
-                progress = [(r.into_time, str(r.partition), offsets.to_storage(r.offset, offset_type))
-                            for r in remap.progress() if r.into_time <= t]
-            except RemapError as e:
-                raise QueryError(str(e)) from e
+            progress = _progress_rows(remap, t, offset_type)
             schema = f"into_time long, partition string, offset {offsets.sql_type(offset_type)}"
             spark.createDataFrame(progress, schema).createOrReplaceTempView(f"{name}_progress")
             counts[name] = contents.count()
     return counts
+
+
+def _progress_rows(remap, t: int, offset_type) -> list[tuple]:
+    """The ``<name>_progress`` rows ``(into_time, partition, offset)`` bound at or before ``t``, offsets as the
+    reclocked table stores them (big ones encoded, order-preserving: comparable)."""
+    try:
+        return [(r.into_time, str(r.partition), offsets.to_storage(r.offset, offset_type))
+                for r in remap.progress() if r.into_time <= t]
+    except RemapError as e:
+        raise QueryError(str(e)) from e
 
 
 def _register_typed(df, contents, name: str, column: str) -> None:
@@ -145,3 +158,81 @@ def publish_as_of(target: str, sql: str, names: list[str], config_path: str | No
     writer.save(uri)
     count = spark.read.format("delta").load(uri).where(F.col(AS_OF_COLUMN) == t).count()
     return {"target": target, "as_of": t, "rows": count, "sources": names}
+
+
+# --- without a JVM: DuckDB over the published tables ------------------------------------------------------------
+
+
+def spark_needed(names: list[str], config_path: str | None = None) -> str | None:
+    """Why the sources ``names`` can only be queried through Spark (a typed view per upstream table, built by
+    Spark SQL: :mod:`reclock.pg_types`), or None."""
+    config = load_config(config_path)
+    typed = [n for n in names if getattr(source_class(config.source(n).kind), "table_columns", None)]
+    return (f"{', '.join(typed)}: the typed views of its upstream tables are Spark's (query with --engine spark)"
+            if typed else None)
+
+
+def duckdb_as_of(t: int, names: list[str] | None = None, config_path: str | None = None, con=None):
+    """A DuckDB connection (``con``, or a new in-memory one) with the views ``<name>`` and ``<name>_progress`` of
+    every named source as of IntoTime ``t`` (those of :func:`register_as_of` but the typed ones), after the same
+    checks; ``(con, counts)``."""
+    import duckdb
+
+    config: Config = load_config(config_path)
+    names = names or list(config.sources)
+    if problem := spark_needed(names, config_path):
+        raise QueryError(problem)
+    con = con if con is not None else duckdb.connect()
+    counts = {}
+    for name in names:
+        with open_source(name, config_path, connect=False) as ctx:
+            counts[name] = _duckdb_source(con, name, t, ctx)
+    return con, counts
+
+
+def _duckdb_source(con, name: str, t: int, ctx) -> int:
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    remap = ctx.tables.read_remap()
+    window = _window(name, ctx.tables, remap)
+    window.check(t)
+    table = ctx.tables.table("reclocked")  # one Delta version from here on
+    since = ctx.tables.since()
+    if since > t:  # compaction folded t away after the window was read: refused as Spark's read refuses it
+        Readable(name, since, window.upper).check(t)
+    drop = ("into_time", "diff") if ctx.config.offsets_unique else ("into_time", "diff", "offset")
+    content = getattr(ctx.source, "content_columns", None)
+    dataset = table.to_pyarrow_dataset()
+    columns = dataset.schema.names
+    keys = list(content) if content else [c for c in columns if c not in drop]
+    rows = dataset.to_table(columns=keys + ["diff"], filter=pads.field("into_time") <= t)
+    scratch = f"_reclock_{name}_rows"
+    con.register(scratch, rows)
+    quoted = ", ".join(_quote(k) for k in keys)
+    counted = (f"SELECT {quoted}, CAST(sum(diff) AS BIGINT) AS _n FROM {_quote(scratch)} GROUP BY ALL "
+               "HAVING sum(diff) <> 0")
+    if con.sql(f"SELECT count(*) FROM ({counted}) WHERE _n < 0").fetchall()[0][0]:
+        raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
+    contents = con.sql(f"SELECT {quoted} FROM ({counted}) AS c, range(c._n)").to_arrow_table()
+    con.unregister(scratch)
+    con.register(name, contents)
+    offset_type = ctx.tables.offset_type
+    progress = _progress_rows(remap, t, offset_type)
+    offset_arrow = pa.string() if offsets.is_big(offset_type) else pa.int64()
+    con.register(f"{name}_progress", pa.table(
+        {"into_time": pa.array([p[0] for p in progress], pa.int64()),
+         "partition": pa.array([p[1] for p in progress], pa.string()),
+         "offset": pa.array([p[2] for p in progress], offset_arrow)}))
+    return contents.num_rows
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def query_as_of_duckdb(sql: str, t: int, names: list[str] | None = None, config_path: str | None = None) -> Any:
+    """Run DuckDB SQL over the named sources as of IntoTime ``t`` with no JVM (:func:`duckdb_as_of`); an Arrow
+    table."""
+    con, _ = duckdb_as_of(t, names, config_path)
+    return con.sql(sql).to_arrow_table()

@@ -1,10 +1,10 @@
 """Reading offset ranges of any Source into Spark, each record stamped with its range's IntoTime.
 
-:func:`read_ranges` is the entry point.  A source that can read ranges with Spark natively offers
-``spark_read(spark, ranges) -> DataFrame | None`` (Kafka does, through Spark's own Kafka source:
-:meth:`reclock.sources.kafka.KafkaSource.spark_read`); it must return the same rows as the data
-source below, or None to decline.  Every other source, or one that declines, is read by the
-PySpark Python Data Source ("reclock") of this module, record by record with ``source.read``.
+:func:`read_ranges` is the entry point.  A source kind that Spark reads natively has a read in
+:data:`NATIVE_READS` (Kafka, through Spark's own Kafka source: :mod:`reclock.spark_kafka`); it must return the
+same rows as the data source below (the law of :mod:`reclock.spark_rows`), or None to decline.  Every other
+source, or one that declines, is read by the PySpark Python Data Source ("reclock") of this module, record by
+record with ``source.read``.
 
 Options of the "reclock" data source (strings, as every Spark option):
 
@@ -23,7 +23,7 @@ range it falls in, and yields Arrow batches with the columns
 source's ``offset_type`` (:mod:`reclock.offsets`: int64, or an order-preserving string).
 
 A source whose records may not decode (``on_bad_record`` of the sources file) is read with
-``on_bad_record="dead_letter"`` by a ``spark_read`` that takes it: every record comes back, those that
+``on_bad_record="dead_letter"`` by a native read that takes it: every record comes back, those that
 could not be decoded with :data:`BAD_RECORD_COLUMNS` set, and :func:`split_bad_records` parts them into
 the records and the rows of the source's dead-letter table.  The data source below does the same for a
 source whose ``read`` yields a :class:`~reclock.sources.base.BadRecord` for such a record (its class sets
@@ -44,7 +44,6 @@ import json
 from bisect import bisect_right
 from dataclasses import dataclass
 import os
-import re
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -54,47 +53,16 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from . import offsets
 from .engine import Frontier, Range
 from .engine.upstream import earlier_epoch_problems, upstream_ranges
-from .sources import ON_BAD_RECORD, build_source
-from .sources.base import BadRecord, SourceError, reads_bad_records
+from .sources import build_source
+from .sources.base import BadRecord, SourceError
+from .spark_rows import (  # noqa: F401 (the read's contract, used from here by the steps)
+    BAD_RECORD_COLUMNS, MAX_TASK_OFFSETS, META_COLUMNS, check_on_bad_record, normalize_ranges,
+    output_arrow_schema, source_error, worker_source_error,
+)
 from .spark_session import spark_schema
 
 NAME = "reclock"
-META_COLUMNS = ("partition", "offset", "into_time", "diff")
 BATCH_ROWS = 8192
-MAX_TASK_OFFSETS = 500_000
-#: The columns a ``dead_letter`` read adds: null for a record that decoded; for one that did not, why (one
-#: line, naming its partition and offset) and its raw key and value bytes.
-BAD_RECORD_COLUMNS = ("_bad_record_error", "_bad_record_key", "_bad_record_value")
-_SOURCE_ERROR_TAG = "reclock.sources.base.SourceError: "
-_WORKER_SOURCE_ERROR = re.compile(r"reclock\.sources\.base\.SourceError: (.*?)(?:\s+SQLSTATE: \w+)?\s*$", re.M)
-
-
-def output_arrow_schema(source, on_bad_record: str = "fail") -> pa.Schema:
-    """The rows the data source yields: the source's data columns, then partition, offset, into_time, diff
-    (and :data:`BAD_RECORD_COLUMNS` with ``on_bad_record="dead_letter"``)."""
-    clash = [f.name for f in source.data_schema if f.name in META_COLUMNS + BAD_RECORD_COLUMNS]
-    if clash:
-        raise SourceError(f"source data columns {clash} clash with reclock's columns "
-                          f"{list(META_COLUMNS + BAD_RECORD_COLUMNS)}")
-    error, raw_key, raw_value = BAD_RECORD_COLUMNS
-    bad = [pa.field(error, pa.string()), pa.field(raw_key, pa.binary()), pa.field(raw_value, pa.binary())]
-    return pa.schema(list(source.data_schema) + [
-        pa.field("partition", source.partition_type, nullable=False),
-        pa.field("offset", offsets.offset_type_of(source), nullable=False),
-        pa.field("into_time", pa.int64(), nullable=False),
-        pa.field("diff", pa.int64(), nullable=False),
-    ] + (bad if on_bad_record == "dead_letter" else []))
-
-
-def check_on_bad_record(on_bad_record: str, source=None) -> str:
-    """``on_bad_record`` when it is one of :data:`ON_BAD_RECORD` and, for ``dead_letter``, the Python read of
-    ``source`` can go on past a record it cannot decode; else a :class:`SourceError`."""
-    if on_bad_record not in ON_BAD_RECORD:
-        raise SourceError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
-    if on_bad_record == "dead_letter" and source is not None and not reads_bad_records(source):
-        raise SourceError(f"{source!r} cannot dead-letter records (on_bad_record: {on_bad_record}): it is read "
-                          "record by record, which stops at a record it cannot decode")
-    return on_bad_record
 
 
 def _parse_spec(options: Mapping[str, str]) -> dict:
@@ -105,24 +73,6 @@ def _parse_spec(options: Mapping[str, str]) -> dict:
     if not isinstance(spec, dict) or "kind" not in spec:
         raise SourceError(f"option 'spec' must be a JSON object with a 'kind', got {raw!r}")
     return spec
-
-
-def normalize_ranges(ranges: Iterable[Sequence[Any]]) -> list[tuple[int, Any, int, int]]:
-    """Check and convert ranges (lists, tuples or :class:`~reclock.engine.Range`) to tuples."""
-    out = []
-    for r in ranges:
-        if isinstance(r, Mapping):
-            r = (r["into_time"], r["partition"], r["start"], r["end"])
-        if len(r) != 4:
-            raise SourceError(f"a range is [into_time, partition, start, end], got {r!r}")
-        into_time, partition, start, end = r
-        for name, v in (("into_time", into_time), ("start", start), ("end", end)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise SourceError(f"range {r!r}: {name} must be an int")
-        if not 0 <= start <= end:
-            raise SourceError(f"range {r!r}: need 0 <= start <= end")
-        out.append((into_time, partition, start, end))
-    return out
 
 
 def _parse_ranges(options: Mapping[str, str]) -> list[tuple[int, Any, int, int]]:
@@ -266,24 +216,20 @@ def read_segment_batches(source, segment: Segment, batch_rows: int = BATCH_ROWS,
         yield flush()
 
 
-def source_error(message):
-    """A Spark column that fails the job with ``message`` (a string column) as a :class:`SourceError`
-    message: :func:`worker_source_error` finds it in the job failure, as it finds a Python worker's."""
-    from pyspark.sql import functions as F
-
-    return F.raise_error(F.concat(F.lit(_SOURCE_ERROR_TAG), message))
-
-
-def worker_source_error(error: BaseException) -> str | None:
-    """The message of the :class:`SourceError` a Python worker (or :func:`source_error`) raised,
-    inside a Spark job failure, or None."""
-    found = _WORKER_SOURCE_ERROR.search(str(error))
-    return found.group(1).strip() if found else None
-
-
 def register(spark) -> None:
     """Register the "reclock" data source with ``spark`` (idempotent)."""
     spark.dataSource.register(ReclockDataSource)
+
+
+def _kafka_read(source, spark, ranges, on_bad_record="fail"):
+    from .spark_kafka import spark_read
+
+    return spark_read(source, spark, ranges, on_bad_record)
+
+
+#: Source kind -> its native Spark read ``(source, spark, ranges, on_bad_record) -> DataFrame | None`` (None:
+#: declined, read by the Python data source), which must yield the rows of the law of :mod:`reclock.spark_rows`.
+NATIVE_READS = {"kafka": _kafka_read}
 
 
 def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]], base: Frontier | None = None,
@@ -292,8 +238,8 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
 
     Columns: the source's data columns, ``partition``, ``offset``, ``into_time``, ``diff``.
     Empty ranges yield no rows; an unreadable range fails with the source's error (on the driver, or
-    as the Spark job's failure).  Read by the source's ``spark_read`` when it has one and does not
-    decline, else by the "reclock" Python data source (:func:`read_ranges_python`).
+    as the Spark job's failure).  Read by the kind's native read (:data:`NATIVE_READS`) when it has one and
+    it does not decline, else by the "reclock" Python data source (:func:`read_ranges_python`).
 
     ``base``: the offset base of the source's current epoch (:mod:`reclock.engine.upstream`): the ranges
     are gauge offsets, read upstream at ``offset - base`` and returned with their gauge offsets; a range
@@ -314,13 +260,8 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
         ranges = [tuple(r) for r in upstream_ranges(gauge, base)]
     source = build_source(spec)  # validates the spec on the driver
     try:
-        native = getattr(source, "spark_read", None)
-        if native is None:
-            df = None
-        elif on_bad_record == "fail":
-            df = native(spark, ranges)
-        else:
-            df = native(spark, ranges, on_bad_record=on_bad_record)
+        native = NATIVE_READS.get(spec["kind"])
+        df = None if native is None else native(source, spark, ranges, on_bad_record=on_bad_record)
     finally:
         source.close()
     df = df if df is not None else read_ranges_python(spark, spec, ranges, on_bad_record)

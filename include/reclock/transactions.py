@@ -42,7 +42,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from .config import NAME_RE, load_config
 from .engine.transactions import (
@@ -51,13 +50,13 @@ from .engine.transactions import (
 )
 from .pipeline import open_source
 from .warehouse import (
-    RECLOCKED_APP, Warehouse, WarehouseError, _app_version, _arrow_schema, _rows, _same_columns, _schema_diff,
-    append, create_table, spark_frame,
+    RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, app_version, arrow_schema, read_rows, same_columns, schema_diff,
+    append, create_table, spark_frame, txn_table_uri,
 )
 
 log = logging.getLogger("reclock")
 
-OUTPUT_APP, TEMP_APP = "reclock.txn_output", "reclock.txn_temp"
+OUTPUT_APP, TEMP_APP = TXN_OUTPUT_APP, TXN_TEMP_APP
 KIND_DATA, KIND_TX, KIND_PUBLISHED = "data", "tx", "published"
 
 
@@ -150,20 +149,6 @@ def _at(row: dict) -> str:
 # --- tables -----------------------------------------------------------------------------------------
 
 
-def txn_table_uri(warehouse: Warehouse, name: str, kind: str) -> str:
-    """Where the ``output`` or ``temp`` table of transactions step ``name`` lives."""
-    return f"{warehouse.root}/{name}_txn_{kind}"
-
-
-def processed_upto(warehouse: Warehouse, name: str) -> int:
-    """Last IntoTime transactions step ``name`` has processed (-1: none): its sources may compact up to it."""
-    try:
-        dt = DeltaTable(txn_table_uri(warehouse, name, "temp"), storage_options=warehouse.storage_options)
-    except TableNotFoundError:
-        return -1
-    return _app_version(dt, TEMP_APP, -1)
-
-
 class TxnTables:
     """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables (written by Spark, read with deltalake)."""
 
@@ -187,31 +172,31 @@ class TxnTables:
             if spark is not None and not DeltaTable.is_deltatable(uri, self.storage_options):
                 create_table(spark, uri, self.schemas[kind], f"{name}_txn_{kind}")
             dt = self.table(kind)
-            if not _same_columns(_arrow_schema(dt), self.schemas[kind]):
+            if not same_columns(arrow_schema(dt), self.schemas[kind]):
                 raise WarehouseError(f"{uri} exists with another schema: "
-                                     f"{_schema_diff(_arrow_schema(dt), self.schemas[kind])}")
+                                     f"{schema_diff(arrow_schema(dt), self.schemas[kind])}")
 
     def table(self, kind: str) -> DeltaTable:
         return DeltaTable(self.uris[kind], storage_options=self.storage_options)
 
     def output_version(self) -> int:
         """Last IntoTime whose output is stored (-1: none)."""
-        return _app_version(self.table("output"), OUTPUT_APP, -1)
+        return app_version(self.table("output"), OUTPUT_APP, -1)
 
     def temp_version(self) -> int:
         """Last IntoTime whose TEMP state is stored (-1: none)."""
-        return _app_version(self.table("temp"), TEMP_APP, -1)
+        return app_version(self.table("temp"), TEMP_APP, -1)
 
     def read_output(self, as_of: int | None = None) -> list[dict]:
         """Output rows (at or before ``as_of``), in publication order."""
         flt = None if as_of is None else pc.field("into_time") <= as_of
-        rows = _rows(self.table("output"), self.schemas["output"], flt).to_pylist()
+        rows = read_rows(self.table("output"), self.schemas["output"], flt).to_pylist()
         return sorted(rows, key=lambda r: (r["into_time"], r["partition"], r["offset"]))
 
     def read_temp(self, as_of: int | None = None) -> TxState:
         """The TEMP state as of IntoTime ``as_of`` (default: the last processed one)."""
         flt = None if as_of is None else pc.field("into_time") <= as_of
-        rows = _rows(self.table("temp"), self.schemas["temp"], flt).to_pylist()
+        rows = read_rows(self.table("temp"), self.schemas["temp"], flt).to_pylist()
         return TxState.from_updates((self._record(r), r["into_time"], r["diff"]) for r in rows)
 
     def _record(self, row: dict) -> TempRecord:
@@ -255,7 +240,7 @@ def publish_transactions(name: str, data_source: str, tx_source: str, config_pat
         data_schema = data_tables.schemas["reclocked"]
         if data_schema != tx_tables.schemas["reclocked"]:
             raise WarehouseError(f"{data_source} and {tx_source} must have the same reclocked schema "
-                                 f"(two Kafka sources): {_schema_diff(tx_tables.schemas['reclocked'], data_schema)}")
+                                 f"(two Kafka sources): {schema_diff(tx_tables.schemas['reclocked'], data_schema)}")
         if "value" not in data_tables.data_columns:
             raise WarehouseError(f"{data_source}: Debezium records need a 'value' column")
         partition_type = data_schema.field("partition").type
@@ -266,7 +251,7 @@ def publish_transactions(name: str, data_source: str, tx_source: str, config_pat
             raise WarehouseError(f"{name}: TEMP is at {temp_v} but the output only at {out_v}; "
                                  f"the output is always written first")
         data_dt, tx_dt = data_tables.table("reclocked"), tx_tables.table("reclocked")
-        upto = min(_app_version(data_dt, RECLOCKED_APP, -1), _app_version(tx_dt, RECLOCKED_APP, -1))
+        upto = min(app_version(data_dt, RECLOCKED_APP, -1), app_version(tx_dt, RECLOCKED_APP, -1))
         result = {"name": name, "from": temp_v + 1, "upto": max(upto, temp_v), "published_transactions": 0,
                   "published_rows": 0}
         if upto <= temp_v:
@@ -274,8 +259,8 @@ def publish_transactions(name: str, data_source: str, tx_source: str, config_pat
         if upto < out_v:
             raise WarehouseError(f"{name}: output is at {out_v} but the sources are reclocked only up to {upto}")
         window = (pc.field("into_time") > temp_v) & (pc.field("into_time") <= upto)
-        data_rows = _rows(data_dt, data_schema, window).to_pylist()
-        tx_rows = _rows(tx_dt, data_schema, window).to_pylist()
+        data_rows = read_rows(data_dt, data_schema, window).to_pylist()
+        tx_rows = read_rows(tx_dt, data_schema, window).to_pylist()
         for source, tables in ((data_source, data_tables), (tx_source, tx_tables)):
             since = tables.since()  # recorded before any compaction rewrites rows, so read after them
             if since > temp_v and (temp_v >= 0 or out_v >= 0):

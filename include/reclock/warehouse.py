@@ -80,7 +80,8 @@ from deltalake.fs import DeltaStorageHandler
 from . import offsets
 from .engine import Frontier, Increment, Remap
 from .clock import now_ms
-from .faults import commit_point
+from . import points
+from .side_files import read_json, write_json
 from .spark_session import spark_schema
 
 log = logging.getLogger("reclock")
@@ -266,11 +267,11 @@ def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: i
 
 def _save(writer, uri: str, app_id: str, version: int) -> None:
     with _conflicts_as(f"{uri}: another writer committed since this step read the table (committing "
-                       f"{app_id} = {version}); nothing written"), commit_point(_COMMITS.get(app_id, app_id), uri):
+                       f"{app_id} = {version}); nothing written"), points.commit(_COMMITS.get(app_id, app_id), uri):
         writer.save(_spark_uri(uri))
 
 
-_COMMITS = {REMAP_APP: "tick", RECLOCKED_APP: "publish", SINCE_APP: "compact"}  # the fault test's names
+_COMMITS = {REMAP_APP: "tick", RECLOCKED_APP: "publish", SINCE_APP: "compact"}  # their names in reclock.points
 
 
 @contextmanager
@@ -439,10 +440,10 @@ class SourceTables:
             dt = self._table_or_none(kind)
             if dt is None:
                 continue
-            found = _arrow_schema(dt)
-            if not _same_columns(found, self.schemas[kind]):
+            found = arrow_schema(dt)
+            if not same_columns(found, self.schemas[kind]):
                 raise WarehouseError(f"{self.table_uri(kind)} exists with another schema: "
-                                     f"{_schema_diff(found, self.schemas[kind])}")
+                                     f"{schema_diff(found, self.schemas[kind])}")
 
     def _fs(self) -> pafs.FileSystem:
         """The source's storage as a pyarrow filesystem, paths relative to the source root."""
@@ -463,11 +464,11 @@ class SourceTables:
         dt = self._table_or_none(kind) if version is None else self.table(kind, version)
         if dt is None:
             return self.schemas[kind].empty_table()
-        return _rows(dt, self.schemas[kind], filter)
+        return read_rows(dt, self.schemas[kind], filter)
 
     def _app_version(self, kind: Kind, app_id: str, default: int) -> int:
         dt = self._table_or_none(kind)
-        return default if dt is None else _app_version(dt, app_id, default)
+        return default if dt is None else app_version(dt, app_id, default)
 
     def read_spark(self, kind: Kind, version: int | None = None, spark=None):
         """The table (at its latest, or the given version: Delta time travel) as a Spark DataFrame, read with
@@ -497,8 +498,8 @@ class SourceTables:
         dt = self._table_or_none("remap")
         if dt is None:
             return Remap.from_increments([], 0, 0)
-        since, upper = _app_version(dt, SINCE_APP, 0), _app_version(dt, REMAP_APP, -1) + 1
-        rows = _rows(dt, self.schemas["remap"])  # the same snapshot as since and upper
+        since, upper = app_version(dt, SINCE_APP, 0), app_version(dt, REMAP_APP, -1) + 1
+        rows = read_rows(dt, self.schemas["remap"])  # the same snapshot as since and upper
         increments = offsets.from_arrow(rows["increment"])  # Python ints, however they are stored
         remap = Remap.from_increments(zip(rows["partition"].to_pylist(), rows["into_time"].to_pylist(), increments),
                                       0, upper)
@@ -528,7 +529,7 @@ class SourceTables:
         """
         version = remap_after.upper - 1
         dt = self._table_or_none("remap")
-        stored = -1 if dt is None else _app_version(dt, REMAP_APP, -1)
+        stored = -1 if dt is None else app_version(dt, REMAP_APP, -1)
         if stored >= version:
             return False
         if remap_after.upper <= remap_before.upper:
@@ -710,8 +711,6 @@ class SourceTables:
         attempt = _attempt_dir(_upto_dir(upto))
         writer = df.select(*self.schemas["reclocked"].names).write
         if metadata is not None:
-            from .check_log import write_json
-
             write_json(f"{self.uri}/{attempt}", STAGED_METADATA, metadata, self.storage_options)
             writer = writer.mode("append")  # into the attempt directory created for it
         if dead_letters is not None:
@@ -767,8 +766,6 @@ class SourceTables:
         """Keep the upstream's upper as ``step`` measured it at ``at`` (ms), with what remap had bound then, as
         ``<source>/upstream_sample.json`` (replaced each time): the last known upstream lag, which the progress page
         shows without asking the upstream (:meth:`upstream_sample`)."""
-        from .check_log import write_json
-
         write_json(self.uri, UPSTREAM_SAMPLE, {"measured_at": at, "step": step, "upper": [list(u) for u in upper],
                                                "bound": [list(b) for b in bound]}, self.storage_options)
 
@@ -848,7 +845,7 @@ class SourceTables:
         Other attempts for ``upto`` (never published) are deleted, and the published one keeps only its data files.
         """
         dt = self._table_or_none("reclocked")
-        published = -1 if dt is None else _app_version(dt, RECLOCKED_APP, -1)
+        published = -1 if dt is None else app_version(dt, RECLOCKED_APP, -1)
         if published >= upto:
             return False
         remap_upper = self.remap_upper()
@@ -890,7 +887,7 @@ class SourceTables:
         if not _footer_rows(fs, files):
             return
         dt = self.table("dead_letter")
-        done = _app_version(dt, DEAD_LETTER_APP, -1)
+        done = app_version(dt, DEAD_LETTER_APP, -1)
         if done >= upto:
             return
         staged = self._read_staged_files("dead_letter", files).where(F.col("into_time") > done)
@@ -902,9 +899,9 @@ class SourceTables:
         statistics (:func:`_parquet_stats`)."""
         meta = _footer(fs, info.path)
         found, expected = meta.schema.to_arrow_schema(), self.schemas["reclocked"]
-        if not _same_columns(found, expected):
+        if not same_columns(found, expected):
             raise WarehouseError(f"staged file {info.path} does not match the reclocked table: "
-                                 f"{_schema_diff(found, expected)}")
+                                 f"{schema_diff(found, expected)}")
         stats = _parquet_stats(meta)
         lo, hi = stats["minValues"].get("into_time", lower), stats["maxValues"].get("into_time", upto)
         if lo < lower or hi > upto:
@@ -1001,16 +998,10 @@ class SourceTables:
         return {k: v for k, v in record.items() if isinstance(v, int)} if isinstance(record, dict) else {}
 
     def _read_json(self, name: str):
-        """The JSON document ``<source>/<name>``, or None when there is none (ValueError when it is not JSON)."""
-        try:
-            with self._fs().open_input_stream(name) as f:
-                return json.loads(f.read())
-        except FileNotFoundError:
-            return None
+        """The side file ``<source>/<name>``, or None when there is none (ValueError when it is not JSON)."""
+        return read_json(self.uri, name, self.storage_options)
 
     def _record_vacuumed(self, vacuumed: dict[str, int]) -> None:
-        from .check_log import write_json
-
         write_json(self.uri, VACUUMED, vacuumed, self.storage_options)
 
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
@@ -1040,7 +1031,7 @@ class SourceTables:
         if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
-        with commit_point("compact-remap", self.table_uri("remap")):
+        with points.commit("compact-remap", self.table_uri("remap")):
             (self._frame("remap", rows).write.format("delta").mode("overwrite")
              .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
         return True
@@ -1066,7 +1057,7 @@ class SourceTables:
         if stats["lo"] == since and consolidated.count() == stats["n"]:
             return False
         files = max(1, -(-self._bytes_at_or_before("reclocked", since) // COMPACTED_FILE_BYTES))
-        with commit_point("compact-reclocked", self.table_uri("reclocked")):
+        with points.commit("compact-reclocked", self.table_uri("reclocked")):
             (consolidated.select(*self.schemas["reclocked"].names).coalesce(files).write.format("delta")
              .mode("overwrite").option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
         return True
@@ -1108,7 +1099,25 @@ def _rows_added(dt: DeltaTable, after: int) -> int:
     return added
 
 
-def _app_version(dt: DeltaTable, app_id: str, default: int) -> int:
+#: The app transactions of a transactions step's two tables (:mod:`reclock.transactions`).
+TXN_OUTPUT_APP, TXN_TEMP_APP = "reclock.txn_output", "reclock.txn_temp"
+
+
+def txn_table_uri(warehouse: Warehouse, name: str, kind: str) -> str:
+    """Where the ``output`` or ``temp`` table of transactions step ``name`` lives."""
+    return f"{warehouse.root}/{name}_txn_{kind}"
+
+
+def txn_processed_upto(warehouse: Warehouse, name: str) -> int:
+    """Last IntoTime transactions step ``name`` has processed (-1: none): its sources may compact up to it."""
+    try:
+        dt = DeltaTable(txn_table_uri(warehouse, name, "temp"), storage_options=warehouse.storage_options)
+    except TableNotFoundError:
+        return -1
+    return app_version(dt, TXN_TEMP_APP, -1)
+
+
+def app_version(dt: DeltaTable, app_id: str, default: int) -> int:
     version = dt.transaction_version(app_id)
     return default if version is None else version
 
@@ -1165,7 +1174,7 @@ def _commit_added(dt: DeltaTable, added, app_id: str, version: int, metadata: di
     from deltalake.exceptions import CommitFailedError
 
     uri = dt.table_uri
-    with commit_point(_COMMITS.get(app_id, app_id), uri):
+    with points.commit(_COMMITS.get(app_id, app_id), uri):
         if callable(added):
             added = added()
         try:
@@ -1189,7 +1198,7 @@ def _drop_staging_leftovers(fs: pafs.FileSystem, attempt: str, committed: list[s
         fs.delete_dir(info.path) if info.type == pafs.FileType.Directory else fs.delete_file(info.path)
 
 
-def _rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:
+def read_rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:
     return dt.to_pyarrow_dataset().to_table(filter=filter).select(schema.names).cast(schema)
 
 
@@ -1224,16 +1233,16 @@ def _spark_uri(uri: str) -> str:
     return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
 
 
-def _arrow_schema(dt: DeltaTable) -> pa.Schema:
+def arrow_schema(dt: DeltaTable) -> pa.Schema:
     return pa.schema(dt.schema().to_arrow())
 
 
-def _same_columns(found: pa.Schema, expected: pa.Schema) -> bool:
+def same_columns(found: pa.Schema, expected: pa.Schema) -> bool:
     """Same column names and types (any order, nullability ignored: Spark writes all columns nullable)."""
     return {f.name: f.type for f in found} == {f.name: f.type for f in expected}
 
 
-def _schema_diff(found: pa.Schema, expected: pa.Schema) -> str:
+def schema_diff(found: pa.Schema, expected: pa.Schema) -> str:
     have, want = {f.name: f.type for f in found}, {f.name: f.type for f in expected}
     parts = [f"missing {sorted(set(want) - set(have))}" if set(want) - set(have) else "",
              f"unexpected {sorted(set(have) - set(want))}" if set(have) - set(want) else "",

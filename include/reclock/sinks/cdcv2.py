@@ -28,7 +28,7 @@ from ..engine.cdcv2 import Progress, encode, from_json, to_json
 from ..sources.base import Source
 from ..sources.cdcv2 import FINISHED, open_transport, transport_texts
 from ..sources.files import FileSource
-from ..warehouse import RECLOCKED_APP, SourceTables, _app_version
+from ..warehouse import RECLOCKED_APP, SourceTables, app_version
 
 
 class SinkError(RuntimeError):
@@ -60,7 +60,7 @@ def _freeze(x: Any) -> Any:
 def _history(tables: SourceTables, lower: int) -> tuple[list, int]:
     """``(updates, upper)`` of one reclocked snapshot: rows with ``lower <= into_time < upper``."""
     dt = tables.table("reclocked")
-    upper = _app_version(dt, RECLOCKED_APP, -1) + 1  # of this very snapshot
+    upper = app_version(dt, RECLOCKED_APP, -1) + 1  # of this very snapshot
     columns = tables.data_columns + ["partition", "offset"]
     rows = dt.to_pyarrow_dataset().to_table(
         columns=columns + ["into_time", "diff"],

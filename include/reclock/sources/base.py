@@ -52,7 +52,7 @@ class Source(Protocol):
     # default) or ``pa.string()`` for gauges beyond int64 (Kinesis sequence numbers), encoded
     # order-preservingly by :mod:`reclock.offsets`. Reads and frontiers always use Python ints.
     # Optional ``max_task_offsets``: the widest offset span one Spark read task covers (default
-    # :data:`reclock.spark_source.MAX_TASK_OFFSETS`); None for sparse gauges (sequence numbers,
+    # :data:`reclock.spark_rows.MAX_TASK_OFFSETS`); None for sparse gauges (sequence numbers,
     # timetokens), whose spans say nothing about how many records they hold.
     # Optional ``content_columns``: the data columns that make up a record's contents in AS OF
     # views (default: all); the others describe the change (e.g. Postgres op, xid, commit_time).

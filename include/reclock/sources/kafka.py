@@ -14,19 +14,16 @@ stop as soon as the consumer position reaches ``end``; offsets that carry no vis
 Commits write the consumer group's committed offsets, which in Kafka mean "next offset to
 read" - the same meaning as a frontier's upper.
 
-Spark reads (:meth:`KafkaSource.spark_read`, used by :func:`reclock.spark_source.read_ranges`)
-go through Spark's own Kafka source (spark-sql-kafka, the Java client) instead of ``read``: a
-batch read of each partition's offsets ``[min start, max end)`` of the ranges, stamped with
-IntoTime by a broadcast join with the ranges.  This module is still the only one that talks
-to Kafka; the driver checks the ranges against the log start offsets and the upper first.
+Spark reads ranges of a Kafka source through Spark's own Kafka source (:mod:`reclock.spark_kafka`); this module
+checks them against the log start offsets and the upper first (:meth:`KafkaSource.check_readable_rows`) and
+says which encodings Spark decodes exactly (:data:`SPARK_CHARSETS`).  It imports no pyspark.
 """
 from __future__ import annotations
 
 import codecs
-import json
 import logging
 import time
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -219,7 +216,7 @@ class KafkaSource:
 
     def read(self, partition: Partition, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
         """Yield ``(data, offset, +1)`` for every visible record with ``start <= offset < end``."""
-        partition, start, end = _check_range(partition, start, end)
+        partition, start, end = check_partition_range(partition, start, end)
         return self._read(partition, start, end)
 
     def _read(self, partition: int, start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
@@ -339,127 +336,21 @@ class KafkaSource:
 
         return {"key": key, "value": value, "timestamp_ms": None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts}
 
-    # --- Spark reads ----------------------------------------------------------------------
-
-    def spark_read(self, spark, ranges: Iterable[Sequence[Any]], on_bad_record: str = "fail"):
-        """Spark DataFrame of every visible record of ``ranges`` (``[into_time, partition, start, end]``),
-        read by Spark's Kafka source; None when :attr:`encoding` has no exact Spark decoding (the
-        caller then reads record by record with :meth:`read`).
-
-        The rows are those of reading each range with :meth:`read` and stamping it with the range's
-        IntoTime: ``key``, ``value``, ``timestamp_ms`` (null when Kafka has none), ``partition`` (int),
-        ``offset`` (long), ``into_time``, ``diff`` (always 1).  Spark reads each partition's
-        ``[min start, max end)`` once; records there that no range covers are dropped.  Small partitions are
-        read together, several by one task (:func:`read_tasks`).  Ranges must not
-        overlap and must lie between the log start offset and the upper (checked here, before Spark
-        runs).  Nothing to read: an empty DataFrame, without contacting Kafka.  Spark declares
-        ``offset`` nullable (its Kafka source does so for every column); it is never null.
-
-        ``on_bad_record``: ``fail`` (a key or value not valid in :attr:`encoding` fails the Spark job,
-        naming topic, partition and offset), or ``dead_letter``: every record is kept, with the
-        columns :data:`reclock.spark_source.BAD_RECORD_COLUMNS` added: null for a record that decodes;
-        for one that does not, why (one line) and its raw key and value bytes, its data columns null.
-        """
-        from pyspark.sql import functions as F
-
-        from ..spark_source import BAD_RECORD_COLUMNS, normalize_ranges, output_arrow_schema, spark_schema
-
-        charset = _SPARK_CHARSETS.get(codecs.lookup(self.encoding).name)
-        if charset is None:
-            return None
-        rows = spark_range_rows(self.topic, normalize_ranges(ranges))
-        dead_letter = on_bad_record == "dead_letter"
-        if not rows:
-            empty = spark.createDataFrame([], spark_schema(output_arrow_schema(self)))
-            if dead_letter:
-                error, raw_key, raw_value = BAD_RECORD_COLUMNS
-                empty = empty.select("*", F.lit(None).cast("string").alias(error),
-                                     F.lit(None).cast("binary").alias(raw_key), F.lit(None).cast("binary").alias(raw_value))
-            return empty
-        self._check_readable_rows(rows)
-        spans = partition_spans(rows)
-        records = spark.read.format("kafka").options(**self.spark_options(spans)).load()
-        bounds = F.broadcast(spark.createDataFrame(rows, _RANGE_ROWS_SCHEMA))
-        on = ((F.col("partition") == F.col("_r_partition")) & (F.col("offset") >= F.col("_r_start"))
-              & (F.col("offset") < F.col("_r_end")))
-        (key, key_valid), (value, value_valid) = (self._spark_text(c, charset) for c in ("key", "value"))
-        if dead_letter:
-            undecodable = F.concat_ws(", ", F.when(~key_valid, F.lit("key")), F.when(~value_valid, F.lit("value")))
-            good = key_valid & value_valid
-            error, raw_key, raw_value = BAD_RECORD_COLUMNS
-            data = [F.when(good, key).alias("key"), F.when(good, value).alias("value")]
-            bad = [F.when(~good, self._bad_record_message(undecodable)).alias(error),
-                   F.when(~good, F.col("key")).alias(raw_key), F.when(~good, F.col("value")).alias(raw_value)]
-        else:
-            data = [F.when(key_valid, key).otherwise(self._bad_record_error("key")).alias("key"),
-                    F.when(value_valid, value).otherwise(self._bad_record_error("value")).alias("value")]
-            bad = []
-        tasks, natural = read_tasks(spans)
-        if tasks < natural:  # many small partitions: a few tasks read them in turn, each writing one staged file
-            records = records.coalesce(tasks)
-        return records.join(bounds, on).select(
-            *data,
-            # timestampType -1: the record has no timestamp (read() gives None too).
-            F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp_ms"),
-            F.col("_r_partition").alias("partition"),
-            F.col("offset"),
-            F.col("_r_into_time").alias("into_time"),
-            F.lit(1).cast("long").alias("diff"),
-            *bad,
-        )
-
     @staticmethod
     def dead_letter_problem(options: Mapping[str, Any]) -> str | None:
         """Why a source built from ``options`` cannot dead-letter records (``on_bad_record: dead_letter``), or
-        None: only the Spark read (:meth:`spark_read`) goes on past a record it cannot decode, and it reads
-        the encodings that Spark decodes exactly (:data:`_SPARK_CHARSETS`)."""
+        None: only the Spark read (:func:`reclock.spark_kafka.spark_read`) goes on past a record it cannot decode, and it reads
+        the encodings that Spark decodes exactly (:data:`SPARK_CHARSETS`)."""
         encoding = options.get("encoding", "utf-8")
         try:
-            if codecs.lookup(encoding).name in _SPARK_CHARSETS:
+            if codecs.lookup(encoding).name in SPARK_CHARSETS:
                 return None
         except (LookupError, TypeError):
             return None  # the source refuses the encoding itself
         return (f"encoding {encoding!r} is read record by record in Python, which stops at a record it cannot "
                 f"decode; dead letters need utf-8, latin-1 or ascii")
 
-    def spark_options(self, spans: Mapping[int, tuple[int, int]]) -> dict[str, str]:
-        """Options of Spark's batch Kafka source reading offsets ``[start, end)`` of each partition in ``spans``.
-
-        Spark's reads use a consumer group of their own and never commit: the source's ``group_id``
-        is not passed, its committed offsets are untouched.  ``timeout_s`` bounds each poll
-        (``kafkaConsumer.pollTimeoutMs``: a poll returning nothing fails the task), and a partition's
-        span is cut into tasks of at most :data:`~reclock.spark_source.MAX_TASK_OFFSETS` offsets,
-        as the per-record reader does.  ``config`` is translated by :func:`spark_client_options`.
-
-        ``kafka.fetch.max.wait.ms`` is :data:`SPARK_FETCH_MAX_WAIT_MS` unless ``config`` sets ``fetch.wait.max.ms``:
-        a task's span usually ends at the log end (a tick binds the high watermark), where the Java consumer's
-        fetch waits that long for records that are not coming; at Kafka's default (500 ms) that cost every task
-        ~0.5 s (a tick over 64 partitions of 100K records read in 17.5 s, against 2.1 s at 10 ms).
-        """
-        from ..spark_source import MAX_TASK_OFFSETS
-
-        partitions = sorted(spans)
-        return {
-            "kafka.fetch.max.wait.ms": str(SPARK_FETCH_MAX_WAIT_MS),
-            **spark_client_options(self.config),
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            "kafka.isolation.level": self.isolation_level,
-            "assign": json.dumps({self.topic: partitions}),
-            "startingOffsets": json.dumps({self.topic: {str(p): spans[p][0] for p in partitions}}),
-            "endingOffsets": json.dumps({self.topic: {str(p): spans[p][1] for p in partitions}}),
-            # Spark skips offsets that carry no visible record (transaction markers always, aborted
-            # records under read_committed) whatever this flag says, as long as they are at or above
-            # the log start offset (KafkaDataConsumer.fetchRecord): transactional topics do not need
-            # "false".  The flag only decides what happens to offsets *missing* below the log start
-            # (retention or DeleteRecords after the driver checked the ranges, a recreated topic):
-            # "true" fails the task, like read(), instead of silently returning fewer records.
-            "failOnDataLoss": "true",
-            "kafkaConsumer.pollTimeoutMs": str(int(self.timeout_s * 1000)),
-            "maxRecordsPerPartition": str(MAX_TASK_OFFSETS),
-            "includeHeaders": "false",
-        }
-
-    def _check_readable_rows(self, rows: Sequence[tuple[int, int, int, int]]) -> None:
+    def check_readable_rows(self, rows: Sequence[tuple[int, int, int, int]]) -> None:
         """Each ``(partition, start, end, into_time)`` row's partition exists and its offsets lie between
         the log start offset and the upper (one watermark request per partition)."""
         known = self.partitions()
@@ -473,38 +364,6 @@ class KafkaSource:
                 watermarks[partition] = self._watermarks(consumer, partition)
             self._check_readable(partition, start, end, *watermarks[partition])
 
-    def _spark_text(self, name: str, charset: str):
-        """``(text, valid)``: column ``name`` (binary) decoded with ``charset``, and whether its bytes are valid
-        in it (null bytes are: null text)."""
-        from pyspark.sql import functions as F
-
-        raw = F.col(name)
-        if charset == "ISO-8859-1":  # every byte string is valid
-            return F.decode(raw, charset), F.lit(True)
-        text = raw.cast("string")  # UTF-8, of which ASCII is a subset
-        valid = F.is_valid_utf8(text)
-        if charset == "US-ASCII":
-            valid = valid & F.hex(raw).rlike("^([0-7][0-9A-F])*$")
-        return text, raw.isNull() | valid
-
-    def _bad_record_message(self, undecodable):
-        """One line naming topic, partition and offset of a record whose ``undecodable`` columns (a string
-        column: ``key``, ``value`` or both) are not valid :attr:`encoding`."""
-        from pyspark.sql import functions as F
-
-        return F.concat(F.lit(f"topic {self.topic!r} partition "), F.col("partition").cast("string"),
-                        F.lit(" offset "), F.col("offset").cast("string"),
-                        F.lit(f": record is not valid {self.encoding} (undecodable "), undecodable, F.lit(")"))
-
-    def _bad_record_error(self, name: str):
-        """A string column failing the Spark job with a :class:`SourceError` message naming topic, partition,
-        offset and the undecodable column ``name``."""
-        from pyspark.sql import functions as F
-
-        from ..spark_source import source_error
-
-        return source_error(self._bad_record_message(F.lit(name))).cast("string")
-
     # --- upstream commit ------------------------------------------------------------------
 
     def commit(self, frontier: Frontier) -> None:
@@ -513,7 +372,7 @@ class KafkaSource:
 
         offsets = []
         for p, upper in frontier:
-            p, _, _ = _check_range(p, upper, upper)
+            p, _, _ = check_partition_range(p, upper, upper)
             offsets.append(TopicPartition(self.topic, p, upper))
         if not offsets:
             return
@@ -565,143 +424,14 @@ class KafkaSource:
         return state
 
 
-def _check_range(partition: Partition, start: int, end: int) -> tuple[int, int, int]:
+def check_partition_range(partition: Partition, start: int, end: int) -> tuple[int, int, int]:
     if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < 2**31:
         raise SourceError(f"Kafka partition must be an int32 >= 0, got {partition!r}")
     check_range(start, end, "offset")
     return partition, start, end
 
 
-# --- Spark reads: pure helpers ------------------------------------------------------------
-
 #: Python codec name -> the Java charset Spark decodes it with, byte for byte the same.  Others
 #: (e.g. "utf-16", whose byte order without a BOM differs between Python and Java) have no Spark
-#: read: :meth:`KafkaSource.spark_read` returns None for them.
-_SPARK_CHARSETS = {"utf-8": "UTF-8", "iso8859-1": "ISO-8859-1", "ascii": "US-ASCII"}
-
-_RANGE_ROWS_SCHEMA = ("_r_partition int not null, _r_start long not null, _r_end long not null, "
-                      "_r_into_time long not null")
-
-
-def spark_range_rows(topic: str, ranges: Iterable[Sequence[Any]]) -> list[tuple[int, int, int, int]]:
-    """``(partition, start, end, into_time)`` of each non-empty range ``(into_time, partition, start, end)``,
-    sorted; :class:`SourceError` for a partition that is not an int32 >= 0 or for overlapping ranges
-    (an offset gets at most one IntoTime)."""
-    rows = []
-    for into_time, partition, start, end in ranges:
-        partition, start, end = _check_range(partition, start, end)
-        if start < end:
-            rows.append((partition, start, end, into_time))
-    rows.sort()
-    for (p, s, e, t), (q, s2, e2, t2) in zip(rows, rows[1:]):
-        if p == q and s2 < e:
-            raise SourceError(f"topic {topic!r} partition {p}: ranges [{s}, {e}) (IntoTime {t}) and "
-                              f"[{s2}, {e2}) (IntoTime {t2}) overlap")
-    return rows
-
-
-def partition_spans(rows: Iterable[tuple[int, int, int, int]]) -> dict[int, tuple[int, int]]:
-    """Per partition, ``(least start, greatest end)`` of the ``(partition, start, end, into_time)`` rows."""
-    spans: dict[int, tuple[int, int]] = {}
-    for partition, start, end, _ in rows:
-        lo, hi = spans.get(partition, (start, end))
-        spans[partition] = (min(lo, start), max(hi, end))
-    return spans
-
-
-#: The fewest offsets a read task of Spark's Kafka source is given when partitions are small (:func:`read_tasks`).
-MIN_TASK_OFFSETS = 50_000
-#: The most partitions (or pieces of one) a read task reads in turn: each holds its Kafka consumer to the task's end.
-MAX_TASK_PARTITIONS = 16
-
-
-def read_tasks(spans: Mapping[int, tuple[int, int]], max_offsets: int | None = None,
-               min_offsets: int | None = None, max_partitions: int | None = None) -> tuple[int, int]:
-    """``(tasks, natural)``: the read tasks a Spark read of ``spans`` (partition -> ``[start, end)``) runs in, and
-    the ones Spark's Kafka source makes of them (one per partition, split at ``max_offsets``, default
-    :data:`~reclock.spark_source.MAX_TASK_OFFSETS`; ``min_offsets`` and ``max_partitions`` default
-    :data:`MIN_TASK_OFFSETS` and :data:`MAX_TASK_PARTITIONS`)::
-
-        natural = sum over p of ceil((end_p - start_p) / max_offsets)
-        tasks   = min(natural, max(1, ceil(sum over p of (end_p - start_p) / min_offsets),
-                                      ceil(natural / max_partitions)))
-
-    A task costs Spark's scheduling, a consumer's fetches up to the log end and a staged file (~30 ms over the
-    records it reads): a tick of 100K records over 64 partitions staged in 3.9 s, against 1.5 s over 8; read
-    in 4 tasks, 2.0 s.  Fewer tasks than ``natural`` means partitions coalesced: each task reads several in turn,
-    at most ``max_partitions`` (Spark releases a task's consumers when it ends, so a task of a thousand small
-    partitions would hold a thousand consumers).  A wide read is never split further than Spark splits it.
-    """
-    import math
-
-    if max_offsets is None:
-        from ..spark_source import MAX_TASK_OFFSETS
-
-        max_offsets = MAX_TASK_OFFSETS
-    min_offsets = MIN_TASK_OFFSETS if min_offsets is None else min_offsets
-    max_partitions = MAX_TASK_PARTITIONS if max_partitions is None else max_partitions
-    sizes = [end - start for start, end in spans.values() if end > start]
-    natural = sum(math.ceil(size / max_offsets) for size in sizes)
-    return min(natural, max(1, math.ceil(sum(sizes) / min_offsets), math.ceil(natural / max_partitions))), natural
-
-
-#: Spark's reads' ``fetch.max.wait.ms`` (:meth:`KafkaSource.spark_options`); a source's ``fetch.wait.max.ms`` wins.
-SPARK_FETCH_MAX_WAIT_MS = 10
-#: librdkafka properties that mean the same to the Java client of Spark's Kafka source.
-SPARK_SAME_PROPERTIES = frozenset({
-    "client.id", "client.rack", "security.protocol", "sasl.mechanism", "sasl.kerberos.service.name",
-    "fetch.min.bytes", "fetch.max.bytes", "max.partition.fetch.bytes", "reconnect.backoff.ms",
-    "reconnect.backoff.max.ms", "retry.backoff.ms", "metadata.max.age.ms", "connections.max.idle.ms",
-    "socket.connection.setup.timeout.ms",
-})
-#: librdkafka name -> Java client name, same meaning.
-SPARK_RENAMED_PROPERTIES = {"sasl.mechanisms": "sasl.mechanism", "fetch.wait.max.ms": "fetch.max.wait.ms"}
-#: Prefixes of settings that decide whether (and as whom) a client may connect: one that cannot be
-#: translated is an error rather than dropped, so Spark never connects differently from ``read``.
-_SECURITY_PREFIXES = ("security.", "ssl.", "sasl.", "enable.ssl.", "enable.sasl.")
-_JAAS_MODULES = {
-    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
-}
-
-
-def spark_client_options(config: Mapping[str, Any]) -> dict[str, str]:
-    """The ``kafka.<key>`` options of Spark's Kafka source for a source's librdkafka ``config``.
-
-    Passed on: :data:`SPARK_SAME_PROPERTIES` as they are, :data:`SPARK_RENAMED_PROPERTIES` under
-    their Java names, ``ssl.endpoint.identification.algorithm`` (``none`` becomes ``""``),
-    ``ssl.ca.location`` as a PEM trust store, and ``sasl.username``/``sasl.password`` (mechanism
-    PLAIN or SCRAM-SHA-256/512) as ``sasl.jaas.config``.  Any other security setting (``security.*``,
-    ``ssl.*``, ``sasl.*``) is a :class:`SourceError`.  The rest is librdkafka tuning, logging or
-    consumer-group behaviour that Spark's reads do not use (they assign partitions, seek and never
-    commit) and is left out.
-    """
-    out: dict[str, str] = {}
-    mechanism = str(config.get("sasl.mechanism", config.get("sasl.mechanisms", "GSSAPI"))).upper()
-    for key, value in config.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        if key in SPARK_SAME_PROPERTIES:
-            out[f"kafka.{key}"] = text
-        elif key in SPARK_RENAMED_PROPERTIES:
-            out[f"kafka.{SPARK_RENAMED_PROPERTIES[key]}"] = text
-        elif key == "ssl.endpoint.identification.algorithm":
-            out["kafka.ssl.endpoint.identification.algorithm"] = "" if text.lower() == "none" else text
-        elif key == "ssl.ca.location":
-            out.update({"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": text})
-        elif key in ("sasl.username", "sasl.password"):
-            if mechanism not in _JAAS_MODULES:
-                raise SourceError(f"Kafka config {key!r} with sasl.mechanism {mechanism!r} has no equivalent "
-                                  f"for Spark's Kafka source (PLAIN and SCRAM-SHA-256/512 do)")
-        elif key.startswith(_SECURITY_PREFIXES):
-            raise SourceError(f"Kafka config {key!r} cannot be passed to Spark's Kafka source (Java client); "
-                              f"translated are {sorted(SPARK_SAME_PROPERTIES | set(SPARK_RENAMED_PROPERTIES))}, "
-                              f"ssl.endpoint.identification.algorithm, ssl.ca.location, sasl.username/password")
-    if "sasl.username" in config or "sasl.password" in config:
-        user, password = (_jaas_quote(config.get(k, "")) for k in ("sasl.username", "sasl.password"))
-        out["kafka.sasl.jaas.config"] = f'{_JAAS_MODULES[mechanism]} required username={user} password={password};'
-    return out
-
-
-def _jaas_quote(value: Any) -> str:
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+#: read: :func:`reclock.spark_kafka.spark_read` returns None for them.
+SPARK_CHARSETS = {"utf-8": "UTF-8", "iso8859-1": "ISO-8859-1", "ascii": "US-ASCII"}

@@ -1,0 +1,46 @@
+"""The package's layout rules: the import contracts of pyproject.toml (no import cycle, the engine imports nothing
+of reclock, layers from the commands down to the engine), and no module reaching into another's private names."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "include" / "reclock"
+
+
+def test_the_import_contracts_hold():
+    """lint-imports checks [tool.importlinter] of pyproject.toml; its report names each broken contract and the
+    import that breaks it."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "include")}
+    run = subprocess.run([str(lint), "--no-cache", str(REPO / "pyproject.toml")], cwd=REPO / "include", env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "0 broken" in run.stdout
+
+
+def private_imports(path: Path) -> list[str]:
+    """``module -> name`` of each underscore name ``path`` imports from another reclock module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("reclock")):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{'.' * node.level}{node.module or ''} -> {alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    product = [*PACKAGE.rglob("*.py"), *(REPO / "dags").glob("*.py"), *(REPO / "spark_jobs").glob("*.py")]
+    offenders = {str(p.relative_to(REPO)): names for p in product if (names := private_imports(p))}
+    assert offenders == {}
+
+
+def test_the_private_import_rule_sees_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from .warehouse import _app_version, Warehouse\nfrom reclock.x import _y\nimport os\n")
+    assert private_imports(module) == [".warehouse -> _app_version", "reclock.x -> _y"]
