@@ -56,7 +56,7 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import ASSETS, Config, ConfigError, SourceConfig, TransactionsConfig, load_config
-from reclock.orchestration import reclocked_asset, task_policy
+from reclock.orchestration import reclocked_asset, task_policy, xcom_safe
 from reclock.spark_session import session_conf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def publish_task(name: str, config_path: str, asset: Asset):
         result = pipeline.publish(name, config_path)
         outlet_events[asset].extra = {"source": name, "reclocked_upper": result["reclocked_upper"],
                                       "published": bool(result["published"])}
-        return result
+        return xcom_safe(result)
     return publish()
 
 
@@ -164,7 +164,7 @@ def pipeline_task(step: str, name: str, config_path: str):
     @task(task_id=step, **task_policy(step))
     def run() -> dict:
         from reclock import pipeline
-        return getattr(pipeline, step)(name, config_path)
+        return xcom_safe(getattr(pipeline, step)(name, config_path))
     return run()
 
 
@@ -187,7 +187,7 @@ def _reported(result: dict) -> dict:
     """A Spark step's result, printed to the task's log as the JSON line its spark-submit job prints
     (spark_jobs/reclock_job.py), so a log reads the same over Spark Connect; returned for XCom."""
     print(json.dumps(result))
-    return result
+    return xcom_safe(result)
 
 
 def replay_task(config: Config, source: SourceConfig):
@@ -230,7 +230,7 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 raise AirflowFailException(f"a backfill of reclock_{name} would tick now, not replay its interval: "
                                            f"backfill reclock_backfill_{name} to replay published IntoTimes")
             from reclock import pipeline
-            return pipeline.tick(name, config_path)
+            return xcom_safe(pipeline.tick(name, config_path))
 
         previous = tick() >> stage_task(config, source)
         previous = previous >> pipeline_task("check", name, config_path)

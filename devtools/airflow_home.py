@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +48,9 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stderr: bool 
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """Stop a process started with ``start_new_session=True`` and everything it started in its group: SIGTERM to
-    the group, then, once the leader ended or ``timeout`` passed, SIGKILL to whatever of the group is left."""
+    """Stop a process started with ``start_new_session=True`` and everything it started: SIGTERM to its group,
+    then, once the leader ended or ``timeout`` passed, SIGKILL to whatever is left of the group and of its session
+    (processes that made groups of their own, like Airflow's task processes)."""
     import signal
 
     try:
@@ -64,6 +66,40 @@ def stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    for _ in range(50):  # groups of their own in its session (Airflow's task processes), started until the end
+        left = session_members(proc.pid)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def session_members(sid: int) -> list[int]:
+    """The PIDs of the processes in session ``sid`` (Linux ``/proc``)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    members.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return members
 
 
 SPARK_POOL, SPARK_POOL_SLOTS = "reclock_spark", 4  # the DAGs' pool for Spark work (dags/reclock_sources.py)

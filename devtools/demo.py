@@ -88,6 +88,23 @@ def write_config(path: Path, logs: Path, kinesis: dict, remote: str | None) -> N
     }, sort_keys=False))
 
 
+def start_servers(stack: ExitStack, directory: Path, connect: bool = True):
+    """``(broker, Postgres cluster, Kinesis server, Spark Connect server or None)``, entered on ``stack``, with
+    the demo's topics, stream and payments table created."""
+    import psycopg
+
+    broker = stack.enter_context(LocalBroker(data_dir=str(directory / "broker")))
+    cluster = stack.enter_context(PgCluster())
+    kinesis_server = stack.enter_context(KinesisServer())
+    spark = stack.enter_context(LocalSparkConnect()) if connect else None
+    create_stream(kinesis_server.client(), STREAM, shards=2)
+    for topic, partitions in TOPICS.items():
+        create_topic(broker.bootstrap, topic, partitions=partitions)
+    with psycopg.connect(cluster.dsn(), autocommit=True) as db:
+        db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
+    return broker, cluster, kinesis_server, spark
+
+
 def change_round(bootstrap: str, logs: Path, dsn: str, kinesis, round_: int, rng: random.Random) -> dict[str, int]:
     """A couple of orders, dozens of clicks, appended log lines, payment transactions and taps in every open
     shard of the Kinesis stream (split after the first round: the parent's taps are bound before its children's)."""
@@ -137,18 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         say("starting a local Apache Kafka broker (Apache Kafka, KRaft), a private Postgres cluster, a "
             "Kinesis-compatible server (kinesis-local) and a Spark Connect server (the long-lived Spark)")
-        broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
-        cluster = stack.enter_context(PgCluster())
-        kinesis_server = stack.enter_context(KinesisServer())
-        spark = None if args.local_spark else stack.enter_context(LocalSparkConnect())
-        kinesis = kinesis_server.client()
-        create_stream(kinesis, STREAM, shards=2)
-        dsn = cluster.dsn()
-        for topic, partitions in TOPICS.items():
-            create_topic(broker.bootstrap, topic, partitions=partitions)
-        import psycopg
-        with psycopg.connect(dsn, autocommit=True) as db:
-            db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
+        broker, cluster, kinesis_server, spark = start_servers(stack, args.dir, connect=not args.local_spark)
+        kinesis, dsn = kinesis_server.client(), cluster.dsn()
         write_config(config, logs, kinesis_server.options(), spark and spark.url)
         conns = connections(broker.bootstrap, dsn)
         env.update(conns)  # for the Airflow and reclock processes

@@ -17,18 +17,14 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
 
-from devtools.airflow_home import AIRFLOW, REPO, airflow_env, migrate, stop_group
-from devtools.demo import SOURCES, STREAM, TOPICS, change_round, connections, write_config
-from devtools.kafka_broker import LocalBroker, create_topic, free_port
-from devtools.kinesis_server import KinesisServer, create_stream
-from devtools.pg_cluster import PgCluster
-from devtools.spark_connect import LocalSparkConnect
+from devtools.airflow_home import AIRFLOW, REPO, airflow_env, http_ok, migrate, stop_group
+from devtools.demo import SOURCES, change_round, connections, start_servers, write_config
+from devtools.kafka_broker import free_port
 
 SCHEDULE = "* * * * *"
 
@@ -62,14 +58,6 @@ def platform_env(home: Path, config: Path, port: int) -> dict[str, str]:
     return env
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 class Stop(Exception):
     """SIGTERM: stop as on Ctrl-C."""
 
@@ -97,19 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as stack:
             print("starting a Kafka broker, a Postgres cluster, kinesis-local and a Spark Connect server", flush=True)
-            broker = stack.enter_context(LocalBroker(data_dir=str(args.dir / "broker")))
-            cluster = stack.enter_context(PgCluster())
-            kinesis_server = stack.enter_context(KinesisServer())
-            spark = stack.enter_context(LocalSparkConnect())
-            kinesis = kinesis_server.client()
-            create_stream(kinesis, STREAM, shards=2)
-            dsn = cluster.dsn()
-            for topic, partitions in TOPICS.items():
-                create_topic(broker.bootstrap, topic, partitions=partitions)
-            import psycopg
-
-            with psycopg.connect(dsn, autocommit=True) as db:
-                db.execute("CREATE TABLE payments (id serial PRIMARY KEY, user_id text NOT NULL, amount int NOT NULL)")
+            broker, cluster, kinesis_server, spark = start_servers(stack, args.dir)
+            kinesis, dsn = kinesis_server.client(), cluster.dsn()
             write_config(config, logs, kinesis_server.options(), spark.url)
             schedule_every_minute(config)
             conns = connections(broker.bootstrap, dsn)
@@ -125,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                        stderr=subprocess.STDOUT, start_new_session=True)
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 300
-            while not healthy(f"{base}/api/v2/monitor/health"):
+            while not http_ok(f"{base}/api/v2/monitor/health"):
                 if airflow.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"airflow standalone did not come up (see {args.dir / 'standalone.log'}):\n"
                                        + (args.dir / "standalone.log").read_text()[-3000:])

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pytest
 
-import urllib.request
 
 from devtools import airflow_home
-from devtools.airflow_home import DAGS_FOLDER, PYTHON, REPO, run, stop_group  # noqa: F401  (re-exported for tests)
+from devtools.airflow_home import DAGS_FOLDER, PYTHON, REPO, http_ok, run, stop_group  # noqa: F401  (re-exported)
 
 _MARK = "RECLOCK_AIRFLOW_RESULT "
 
@@ -86,14 +85,5 @@ dag_run = dag.test()
 emit({{"state": str(dag_run.state), "tasks": {{ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}}}})
 """
     return run_python(code, env, timeout)
-
-
-def http_ok(url: str) -> bool:
-    """Whether ``url`` answers 200 now."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from airflow_env import DAGS_FOLDER, PYTHON, REPO, airflow_env, prepare_home, run, run_dag_test, run_python
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
@@ -242,3 +244,44 @@ def test_dag_test_runs_every_task(tmp_path, airflow_db_template):
     assert [(n, u, json.loads(x)) for n, u, x in events] == [
         ("reclock_orders_reclocked", f"file://{tmp_path / 'conf' / 'warehouse'}/orders/reclocked",
          {"source": "orders", "reclocked_upper": 4242, "published": True})]
+
+
+KINESIS_TICK = {"into_time": 1_795_882_184_221, "written": True,
+                "frontier": [["shardId-000000000000", 49_668_001_349_874_552_233_806_236_962_493_116_145_408_930_817_362_755_586]],
+                "new_offsets": 49_668_001_349_874_552_233_806_236_962_493_116_145_408_930_817_362_755_586}
+
+
+def test_a_kinesis_ticks_result_is_stored_as_xcom():
+    """Airflow's task runner sends a task's XCom as msgpack (msgspec), whose ints are 64 bits: a Kinesis tick's
+    result failed every tick task of a scheduled DAG (OverflowError) after its binding was committed."""
+    import msgspec
+
+    from reclock.orchestration import xcom_safe
+
+    with pytest.raises(OverflowError):
+        msgspec.msgpack.encode(KINESIS_TICK)
+    safe = xcom_safe(KINESIS_TICK)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(safe)) == {
+        **KINESIS_TICK, "frontier": [["shardId-000000000000", str(KINESIS_TICK["new_offsets"])]],
+        "new_offsets": str(KINESIS_TICK["new_offsets"])}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)))
+def test_xcom_safe_values_encode_and_keep_every_int_that_fits(value):
+    """Whatever a step returns encodes; an int that fits stays an int, a wider one is its decimal string."""
+    import msgspec
+
+    from reclock.orchestration import xcom_safe
+
+    def same(stored, original) -> bool:
+        if isinstance(original, bool) or not isinstance(original, (int, list, dict)):
+            return stored == original and type(stored) is type(original)
+        if isinstance(original, int):
+            return stored == original if -2**63 <= original < 2**63 else stored == str(original)
+        if isinstance(original, list):
+            return len(stored) == len(original) and all(map(same, stored, original))
+        return stored.keys() == original.keys() and all(same(stored[k], original[k]) for k in original)
+
+    assert same(msgspec.msgpack.decode(msgspec.msgpack.encode(xcom_safe(value))), value)

@@ -5,6 +5,10 @@ upstream or commit to Delta retry with exponential backoff (a broker or database
 race: ``RETRY_DELAY * RETRY_BACKOFF**n``, at most ``MAX_RETRY_DELAY``); a failed check or a refused replay is
 an answer, not a fault, and is not retried.  Tasks that start Spark run in the pool :data:`SPARK_POOL`.
 
+XCom (:func:`xcom_safe`): what a task returns is stored by Airflow's task runner as msgpack, whose ints are
+64 bits; a step's result with wider ints (Kinesis sequence numbers, and the offsets a tick moved) returns them as
+decimal strings, or the task fails after its step has done its work.
+
 Asset (:func:`reclocked_asset`): the location of a source's reclocked table (``file://`` for a local
 warehouse), named ``reclock_<name>_reclocked``.  A source DAG's ``publish`` updates it with
 ``{"source", "reclocked_upper", "published"}`` in the event's extra; DAGs that read several sources AS OF
@@ -30,6 +34,20 @@ TASK_POLICY = {
     "publish_transactions": (2, timedelta(hours=2), True),
     "publish_as_of": (2, timedelta(hours=1), True),
 }
+def xcom_safe(value):
+    """``value`` with every int outside ``[-2**63, 2**63)`` as its decimal string, in nested dicts and lists (tuples
+    become lists): what Airflow's task runner can store as a task's XCom."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -2**63 <= value < 2**63 else str(value)
+    if isinstance(value, dict):
+        return {k: xcom_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [xcom_safe(v) for v in value]
+    return value
+
+
 RETRY_DELAY, RETRY_BACKOFF, MAX_RETRY_DELAY = timedelta(seconds=30), 2.0, timedelta(minutes=10)
 
 
