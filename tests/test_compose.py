@@ -385,7 +385,8 @@ def test_versions_agree_with_the_poms_and_pins(svc):
 # --- the image's Python packages: Airflow with its constraints, the runtime without the test tools -----
 
 RUNTIME = REPO / "requirements-runtime.txt"
-TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material"}  # and the docs site's
+#: requirements.txt's own packages: the test runner, the docs site's and the import rules' (lint-imports).
+TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material", "import-linter"}
 
 
 def requirement_names(path: Path) -> set[str]:

@@ -191,32 +191,30 @@ def duckdb_as_of(t: int, names: list[str] | None = None, config_path: str | None
 
 
 def _duckdb_source(con, name: str, t: int, ctx) -> int:
+    """Register ``name`` and ``name_progress`` on ``con``: lazy views over one version of the published table (its
+    Arrow dataset: DuckDB pushes ``into_time <= t`` and the columns down into the scan); the contents' row count."""
     import pyarrow as pa
-    import pyarrow.dataset as pads
 
     remap = ctx.tables.read_remap()
     window = _window(name, ctx.tables, remap)
     window.check(t)
-    table = ctx.tables.table("reclocked")  # one Delta version from here on
+    dataset = ctx.tables.table("reclocked").to_pyarrow_dataset()  # one Delta version from here on
     since = ctx.tables.since()
     if since > t:  # compaction folded t away after the window was read: refused as Spark's read refuses it
         Readable(name, since, window.upper).check(t)
     drop = ("into_time", "diff") if ctx.config.offsets_unique else ("into_time", "diff", "offset")
     content = getattr(ctx.source, "content_columns", None)
-    dataset = table.to_pyarrow_dataset()
-    columns = dataset.schema.names
-    keys = list(content) if content else [c for c in columns if c not in drop]
-    rows = dataset.to_table(columns=keys + ["diff"], filter=pads.field("into_time") <= t)
-    scratch = f"_reclock_{name}_rows"
-    con.register(scratch, rows)
+    keys = list(content) if content else [c for c in dataset.schema.names if c not in drop]
+    scratch = _quote(f"_reclock_{name}_published")
+    con.register(scratch.strip('"'), dataset)
     quoted = ", ".join(_quote(k) for k in keys)
-    counted = (f"SELECT {quoted}, CAST(sum(diff) AS BIGINT) AS _n FROM {_quote(scratch)} GROUP BY ALL "
-               "HAVING sum(diff) <> 0")
-    if con.sql(f"SELECT count(*) FROM ({counted}) WHERE _n < 0").fetchall()[0][0]:
+    counted = (f"SELECT {quoted}, CAST(sum(diff) AS BIGINT) AS _n FROM {scratch} WHERE into_time <= {int(t)} "
+               "GROUP BY ALL HAVING sum(diff) <> 0")
+    negative, rows = con.sql(f"SELECT count(*) FILTER (WHERE _n < 0), coalesce(sum(_n), 0) FROM ({counted})"
+                             ).fetchall()[0]
+    if negative:
         raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
-    contents = con.sql(f"SELECT {quoted} FROM ({counted}) AS c, range(c._n)").to_arrow_table()
-    con.unregister(scratch)
-    con.register(name, contents)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS SELECT {quoted} FROM ({counted}) AS c, range(c._n)")
     offset_type = ctx.tables.offset_type
     progress = _progress_rows(remap, t, offset_type)
     offset_arrow = pa.string() if offsets.is_big(offset_type) else pa.int64()
@@ -224,7 +222,7 @@ def _duckdb_source(con, name: str, t: int, ctx) -> int:
         {"into_time": pa.array([p[0] for p in progress], pa.int64()),
          "partition": pa.array([p[1] for p in progress], pa.string()),
          "offset": pa.array([p[2] for p in progress], offset_arrow)}))
-    return contents.num_rows
+    return int(rows)
 
 
 def _quote(identifier: str) -> str:

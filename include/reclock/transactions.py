@@ -50,8 +50,8 @@ from .engine.transactions import (
 )
 from .pipeline import open_source
 from .warehouse import (
-    RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, app_version, arrow_schema, read_rows, same_columns, schema_diff,
-    append, create_table, spark_frame, txn_table_uri,
+    RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, append, app_version, arrow_schema,
+    create_table, read_rows, same_columns, schema_diff, spark_frame, txn_table_uri,
 )
 
 log = logging.getLogger("reclock")

@@ -425,6 +425,8 @@ class KafkaSource:
 
 
 def check_partition_range(partition: Partition, start: int, end: int) -> tuple[int, int, int]:
+    """``(partition, start, end)`` when the partition is an int32 >= 0 and ``0 <= start <= end``, else a
+    :class:`SourceError`."""
     if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < 2**31:
         raise SourceError(f"Kafka partition must be an int32 >= 0, got {partition!r}")
     check_range(start, end, "offset")
