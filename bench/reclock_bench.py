@@ -61,7 +61,7 @@ from pathlib import Path
 import yaml
 
 from devtools.kafka_broker import LocalBroker, create_topic
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.config import load_config
 from reclock.sources.kafka import KafkaSource
 from reclock.spark_kafka import SPARK_FETCH_MAX_WAIT_MS
@@ -277,7 +277,7 @@ def topic_upper(bootstrap: str, topic: str) -> dict[int, int]:
 
 def bound_offsets(name: str, config: str, into_time: int) -> dict[int, tuple[int, int]]:
     """Per partition, the offsets ``[start, end)`` the binding at ``into_time`` added."""
-    with pipeline.open_source(name, config, connect=False) as ctx:
+    with runtime.open_source(name, config, connect=False) as ctx:
         return {p: (start, end) for t, p, start, end in ctx.tables.read_remap().ranges(0) if t == into_time}
 
 
@@ -411,7 +411,7 @@ class Bench:
         start = time.perf_counter()
         self.spark.read.format("delta").load(copy.as_uri()).write.format("delta").mode("overwrite").save(copy.as_uri())
         rewrite_s = time.perf_counter() - start
-        with pipeline.open_source(name, config, connect=False) as ctx:
+        with runtime.open_source(name, config, connect=False) as ctx:
             from pyspark.sql import functions as F
 
             stats = ctx.tables.read_reclocked_spark(self.spark).agg(F.min("into_time"), F.count(F.lit(1))).first()
@@ -486,7 +486,7 @@ class Bench:
         _, empty_s = timed(run, command, env, 900)
         self.produce(name, a.dag_records)
         _, dag_s = timed(run, command, env, 900)
-        with pipeline.open_source(name, str(self.config), connect=False) as ctx:
+        with runtime.open_source(name, str(self.config), connect=False) as ctx:
             published = ctx.tables.read_reclocked_spark(self.spark).count()
         if published != a.dag_records:
             raise RuntimeError(f"the DAG run published {published} rows, produced {a.dag_records}")

@@ -79,10 +79,10 @@ class ReclockSparkSubmitOperator(SparkSubmitOperator):
     """spark-submit through the connection ``reclock_spark``, defined from the config's Spark master when the task
     runs (:func:`define_spark_connection`), not when the DAG file is parsed."""
 
-    def __init__(self, *, master: str, reclock_source: tuple[str, str] | None = None, **kwargs) -> None:
+    def __init__(self, *, master: str, reclock_source: SourceConfig | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.reclock_master = master
-        self.reclock_source = reclock_source  # (config path, source name)
+        self.reclock_source = reclock_source  # as parsed with this file
 
     def define_connection(self) -> None:
         define_spark_connection(self.reclock_master)
@@ -91,11 +91,9 @@ class ReclockSparkSubmitOperator(SparkSubmitOperator):
         """The source's Airflow connection, read here in the task, reaches the spark-submit as Airflow's
         ``AIRFLOW_CONN_<ID>`` variable (the job resolves it through the same Connection API)."""
         if self.reclock_source:
-            from reclock.config import load_config
             from reclock.connections import environment
 
-            path, name = self.reclock_source
-            if env := environment(load_config(path).source(name)):
+            if env := environment(self.reclock_source):
                 self.env_vars = {**(self.env_vars or {}), **env}
 
     def execute(self, context):
@@ -115,7 +113,7 @@ def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     same_python = config.spark_master.startswith(("local", "spark://"))
     return {
         "master": config.spark_master,
-        "reclock_source": (str(config.path), source.name),
+        "reclock_source": source,
         "application": str(SPARK_JOB),
         "application_args": ["--config", str(config.path), "--source", source.name],
         "conn_id": SPARK_CONN_ID,
@@ -147,31 +145,39 @@ def reclock_dag(dag_id: str, schedule, start_date, doc_md: str, tags: tuple[str,
                tags=["reclock", *tags], doc_md=doc_md, **kwargs)
 
 
-def publish_task(name: str, config_path: str, asset: Asset):
+def publish_task(name: str, config: Config, asset: Asset):
     """``publish``, updating the source's Asset with the new IntoTime upper in the event's extra."""
     @task(task_id="publish", outlets=[asset], **task_policy("publish"))
     def publish(outlet_events=None) -> dict:
         from reclock import pipeline
-        result = pipeline.publish(name, config_path)
+        result = pipeline.publish(name, runtime(config))
         outlet_events[asset].extra = {"source": name, "reclocked_upper": result["reclocked_upper"],
                                       "published": bool(result["published"])}
         return xcom_safe(result)
     return publish()
 
 
-def pipeline_task(step: str, name: str, config_path: str):
+def runtime(config: Config):
+    """A task's runtime (:mod:`reclock.runtime`), over the config this file was parsed with in the task's process:
+    the sources file is parsed once per task."""
+    from reclock.runtime import Runtime
+
+    return Runtime(config)
+
+
+def pipeline_task(step: str, name: str, config: Config):
     """A task running ``reclock.pipeline.<step>`` for source ``name`` (imported when it runs, not at parse)."""
     @task(task_id=step, **task_policy(step))
     def run() -> dict:
         from reclock import pipeline
-        return xcom_safe(getattr(pipeline, step)(name, config_path))
+        return xcom_safe(getattr(pipeline, step)(name, runtime(config)))
     return run()
 
 
 def stage_task(config: Config, source: SourceConfig):
     """The ``reclock`` task: over the Spark Connect server (``spark.remote``) in the task's process, else a
     spark-submit."""
-    name, config_path = source.name, str(config.path)
+    name = source.name
     if not config.spark_remote:
         return ReclockSparkSubmitOperator(task_id="reclock", **spark_submit_args(config, source),
                                           **task_policy("reclock"))
@@ -179,7 +185,7 @@ def stage_task(config: Config, source: SourceConfig):
     @task(task_id="reclock", **task_policy("reclock"))
     def reclock() -> dict:
         from reclock import pipeline
-        return _reported(pipeline.stage(name, config_path))
+        return _reported(pipeline.stage(name, runtime(config)))
     return reclock()
 
 
@@ -192,7 +198,7 @@ def _reported(result: dict) -> dict:
 
 def replay_task(config: Config, source: SourceConfig):
     """The backfill's ``replay`` of its data interval: over the Spark Connect server, else spark-submit."""
-    name, config_path = source.name, str(config.path)
+    name = source.name
     if not config.spark_remote:
         args = spark_submit_args(config, source)
         args["application_args"] += ["--replay-interval", _ms("data_interval_start"), _ms("data_interval_end"),
@@ -205,7 +211,7 @@ def replay_task(config: Config, source: SourceConfig):
         from reclock import backfill
         start, end = backfill.window_of_interval(round(data_interval_start.timestamp() * 1000),
                                                  round(data_interval_end.timestamp() * 1000))
-        return _reported(backfill.replay(name, config_path, start, end, mode=params["backfill_mode"]))
+        return _reported(backfill.replay(name, runtime(config), start, end, mode=params["backfill_mode"]))
     return replay()
 
 
@@ -230,13 +236,13 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
                 raise AirflowFailException(f"a backfill of reclock_{name} would tick now, not replay its interval: "
                                            f"backfill reclock_backfill_{name} to replay published IntoTimes")
             from reclock import pipeline
-            return xcom_safe(pipeline.tick(name, config_path))
+            return xcom_safe(pipeline.tick(name, runtime(config)))
 
         previous = tick() >> stage_task(config, source)
-        previous = previous >> pipeline_task("check", name, config_path)
-        previous = previous >> publish_task(name, config_path, reclocked_asset(config, name))
+        previous = previous >> pipeline_task("check", name, config)
+        previous = previous >> publish_task(name, config, reclocked_asset(config, name))
         for step in ("resume", "compact"):
-            previous = previous >> pipeline_task(step, name, config_path)
+            previous = previous >> pipeline_task(step, name, config)
     return dag
 
 
@@ -273,7 +279,6 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
 
 def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
     """``reclock_txn_<name>``: publish the complete Debezium transactions of two reclocked Kafka sources."""
-    config_path = str(config.path)
     schedule = ([reclocked_asset(config, txn.data_source), reclocked_asset(config, txn.tx_source)]
                 if txn.schedule == ASSETS else txn.schedule)
     with reclock_dag(
@@ -286,7 +291,7 @@ def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
         @task(**task_policy("publish_transactions"))
         def publish_transactions() -> dict:
             from reclock.transactions import publish_transactions
-            return publish_transactions(txn.name, txn.data_source, txn.tx_source, config_path)
+            return publish_transactions(txn.name, txn.data_source, txn.tx_source, runtime(config))
 
         publish_transactions()
     return dag

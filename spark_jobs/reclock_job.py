@@ -11,6 +11,7 @@ import json
 import logging
 
 from reclock import pipeline
+from reclock.runtime import Runtime
 from reclock.spark_session import submitted_spark
 
 
@@ -24,13 +25,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     spark = submitted_spark(f"reclock-{args.source}")
+    runtime = Runtime.load(args.config, spark)
     try:
         if args.replay_interval is None:
-            print(json.dumps(pipeline.stage(args.source, args.config, spark)))
+            print(json.dumps(pipeline.stage(args.source, runtime)))
         else:
             from reclock.backfill import replay, window_of_interval
             start, end = window_of_interval(*args.replay_interval)
-            print(json.dumps(replay(args.source, args.config, start, end, spark, args.mode)))
+            print(json.dumps(replay(args.source, runtime, start, end, mode=args.mode)))
     finally:
         spark.stop()
 

@@ -293,9 +293,9 @@ def edit_config(config, edit) -> None:
 
 
 def reclocked_rows(name, config):
-    from reclock import pipeline
+    from reclock import runtime
 
-    with pipeline.open_source(name, config) as ctx:
+    with runtime.open_source(name, config) as ctx:
         table = ctx.tables.read_reclocked_arrow().to_pylist()
     return sorted((r["value"], r["partition"], r["offset"], r["into_time"], r["diff"]) for r in table)
 
@@ -303,10 +303,10 @@ def reclocked_rows(name, config):
 def engine_rows(name, config):
     """What the engine's single-writer ``reclock()`` gives for every record upstream (read with the source's own
     client, no Spark) under the stored remap: ``(value, partition, offset, into_time, diff)`` rows, sorted."""
-    from reclock import pipeline
+    from reclock import runtime
     from reclock.engine import reclock
 
-    with pipeline.open_source(name, config) as ctx:
+    with runtime.open_source(name, config) as ctx:
         remap, upper = ctx.tables.read_remap(), ctx.source.upper()
         updates = [(data["value"], p, offset, diff)
                    for p, end in upper for data, offset, diff in ctx.source.read(p, 0, end)]
@@ -316,13 +316,13 @@ def engine_rows(name, config):
 def assert_reclocked_is_replay(name, config, spark):
     """Publish what is bound (one writer), then the reclocked table must equal the engine's single-writer
     ``reclock()`` of every record upstream under the same remap: nothing lost, nothing counted twice."""
-    from reclock import pipeline
+    from reclock import pipeline, runtime
     from reclock.engine import reclock
 
     pipeline.stage(name, config, spark)
     pipeline.check(name, config)
     pipeline.publish(name, config, spark)
-    with pipeline.open_source(name, config) as ctx:
+    with runtime.open_source(name, config) as ctx:
         remap = ctx.tables.read_remap()
         updates = [(d["value"], p, o, diff) for p, upper in ctx.source.upper()
                    for d, o, diff in ctx.source.read(p, 0, upper)]

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_env import prepare_home, run_dag_test
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from reclock import pipeline
+from reclock import runtime
 from devtools.kafka_broker import create_topic, produce
 from conftest import reclocked_rows, write_config
 
@@ -51,7 +51,7 @@ def test_scheduled_dag_reclocks_and_a_failed_check_publishes_nothing(tmp_path, k
     assert set(first["tasks"].values()) == {"success"}
     rows = reclocked_rows("events", config)
     assert sorted(r[0] for r in rows) == sorted(f"v{i}" for i in range(10))
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         upper_after_first = ctx.tables.reclocked_upper()
         staged_root = ctx.tables.uri
 
@@ -60,7 +60,7 @@ def test_scheduled_dag_reclocks_and_a_failed_check_publishes_nothing(tmp_path, k
     assert failed["state"] == "failed"
     assert failed["tasks"]["check"] == "failed"
     assert failed["tasks"]["publish"] in ("upstream_failed", "None")
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         assert ctx.tables.reclocked_upper() == upper_after_first  # nothing new published
     assert reclocked_rows("events", config) == rows
 

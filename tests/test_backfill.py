@@ -16,7 +16,7 @@ from deltalake import DeltaTable, write_deltalake
 from airflow_env import DAGS_FOLDER, airflow_env, http_ok, prepare_home, run, run_python, stop_group
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 
-from reclock import pipeline
+from reclock import pipeline, runtime
 from devtools.airflow_home import AIRFLOW
 from reclock import cli
 from reclock.backfill import BackfillError, replay, window_of_interval
@@ -125,7 +125,7 @@ def test_replay_is_identical_at_every_into_time_and_over_any_window(spark, sourc
     empty = replay("events", config, 2_001, 2_999, spark)
     assert empty["equal"] and empty["replayed"]["rows"] == 0 and empty["ranges"] == 0
     # resume committed the group's offsets beyond every window: Kafka still holds the records
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         assert ctx.source.committed() != Frontier() and ctx.source.released() == Frontier()
 
 
@@ -134,7 +134,7 @@ def test_corrupted_window_fails_verification_and_repair_restores_it(spark, sourc
     _, config = source
     original_rows = reclocked_rows("events", config)
     original = replay("events", config, 2_000, 3_000, spark)
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         uri, upper = ctx.tables.table_uri("reclocked"), ctx.tables.reclocked_upper()
     DeltaTable(uri).delete("value = 'r2-3'")  # lose one published row of IntoTime 3000
     DeltaTable(uri).update({"diff": "2"}, predicate="value = 'r1-0'")  # and double another one
@@ -151,13 +151,13 @@ def test_corrupted_window_fails_verification_and_repair_restores_it(spark, sourc
     assert repaired["published"]["before"]["rows"] == original["published"]["rows"] - 1
     assert repaired["published"]["digest"] == original["published"]["digest"] == original["replayed"]["digest"]
     assert reclocked_rows("events", config) == original_rows  # rows outside the window kept as they were
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         assert ctx.tables.reclocked_upper() == upper  # the app transaction is unchanged
     again = replay("events", config, 2_000, 3_000, spark, mode="repair")
     assert again["equal"] and not again["repaired"]  # nothing to repair: no commit
 
     # a stray row where no binding is: the replay is empty, the repair removes it
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         stray = ctx.tables.read_reclocked_arrow().slice(0, 1).to_pylist()[0] | {"into_time": 2_500, "value": "stray"}
         write_deltalake(uri, pa.Table.from_pylist([stray], schema=ctx.tables.schemas["reclocked"]), mode="append")
     with pytest.raises(BackfillError, match=r"replayed but not published \(up to 5\): \[\]; published but not "
@@ -196,7 +196,7 @@ def test_refusals_and_the_compacted_binding(kafka_broker, spark, tmp_path):
     assert folded["equal"] and folded["replayed"]["rows"] == 3 + 4
     assert replay("audit", config, 2_500, 4_000, spark)["replayed"]["rows"] == 3 + 4 + 5 + 6
 
-    with pipeline.open_source("audit", config) as ctx:
+    with runtime.open_source("audit", config) as ctx:
         at_3000 = ctx.tables.read_remap().at(3_000)  # where the window [4000, 4000] starts reading
     delete_records(kafka_broker, topic, 0, before=at_3000[0] - 1)  # release some records of IntoTime 3000
     assert replay("audit", config, 4_000, 4_000, spark)["equal"]  # still held: it reads from remap[3999]
@@ -319,7 +319,7 @@ def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark,
     original = reclocked_rows("events", config)
     intact = replay("events", config, hours[1], hours[1] + 3_599_999, spark)  # by hand, before the corruption
     assert intact["replayed"]["rows"] == 8
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         DeltaTable(ctx.tables.table_uri("reclocked")).delete("value = 'r2-2'")  # corrupt hour 2
 
     edit_config(config, lambda doc: doc.update(spark=spark_settings(spark_connect)))  # the DAG's Spark from now on

@@ -13,6 +13,7 @@ import yaml
 from conftest import as_of_views, stage_parquet
 
 from reclock import cli, pipeline
+from reclock import runtime
 from devtools.kafka_broker import create_topic, produce
 from reclock.engine import Frontier
 from reclock.engine.cdcv2 import Decoder, encode, from_json, to_json
@@ -190,7 +191,7 @@ def test_kafka_transport_source_pipeline_and_as_of(kafka_broker, spark, tmp_path
         as_of_views(spark, t, ["cdc"], config)  # Spark's, the same as the JVM-free query's
         rows = spark.sql("SELECT data, partition FROM cdc").collect()
         assert Counter(r.data for r in rows) == contents(before) and {r.partition for r in rows} == {""}
-    with pipeline.open_source("cdc", config) as ctx:
+    with runtime.open_source("cdc", config) as ctx:
         assert {(r["offset"], r["into_time"]) for r in ctx.tables.read_reclocked_arrow().to_pylist()} == \
             {(t, 1_000 if t < 20 else 2_000) for _, t, _ in HISTORY}
 
@@ -206,7 +207,7 @@ def test_sink_writes_reclocked_kafka_source_to_files_and_kafka(kafka_broker, spa
     files, kafka = f"file://{tmp_path}/out", f"kafka://{kafka_broker}/{sink_topic}"
 
     def reclocked() -> tuple[Counter, Antichain]:
-        with pipeline.open_source("orders", config) as ctx:
+        with runtime.open_source("orders", config) as ctx:
             rows, upper = ctx.tables.read_reclocked_arrow().to_pylist(), ctx.tables.reclocked_upper()
         acc = Counter({((r["key"], r["value"], r["timestamp_ms"], r["partition"], r["offset"]), r["into_time"]):
                        r["diff"] for r in rows})

@@ -14,7 +14,7 @@ from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from conftest import fresh_database, over_connect, reclocked_rows, run_cli, spark_settings
 from devtools.airflow_home import AIRFLOW, kafka_connection, postgres_connection
 from devtools.kafka_broker import create_topic, produce
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.config import load_config
 from reclock.connections import environment, resolved_options
 from reclock.sources import SourceError
@@ -81,7 +81,7 @@ def test_a_missing_or_wrong_connection_names_the_source_and_the_conn_id(tmp_path
         resolved_options(load_config(config).source(entry["name"]))
     assert str(e.value).startswith(message)
     with pytest.raises(SourceError, match="is not defined" if not env else "reclock_kafka"):
-        with pipeline.open_source(entry["name"], config):  # the composition root resolves it
+        with runtime.open_source(entry["name"], config):  # the composition root resolves it
             pass
 
 
@@ -98,7 +98,7 @@ def test_the_password_is_in_no_repr_error_or_log(tmp_path, monkeypatch, pg_clust
         logs = proc.communicate(timeout=600)[0].decode()
         assert proc.returncode == 0 and "inventory: tick at" in logs, logs[-3000:]
         monkeypatch.setenv(*env.popitem())
-        with pipeline.open_source("inventory", config) as ctx:
+        with runtime.open_source("inventory", config) as ctx:
             shown = [repr(ctx.source), repr(ctx.upstream), repr(ctx.config)]
         env = postgres_connection("reclock_pg", dsn.replace("dbname=", "dbname=absent_"), password=PASSWORD)
         monkeypatch.setenv(*env.popitem())
@@ -151,7 +151,7 @@ def test_a_dag_reclocks_a_postgres_source_named_by_a_connection_in_airflow(tmp_p
         assert result["state"] == "success", result["output"][-4000:]
         assert set(result["tasks"].values()) == {"success"}
         assert PASSWORD not in result["output"]
-        with pipeline.open_source("inventory", config, connect=False) as ctx:  # reads the tables only
+        with runtime.open_source("inventory", config, connect=False) as ctx:  # reads the tables only
             rows = ctx.tables.read_reclocked_arrow().to_pylist()
     assert sorted(json.loads(r["row"])["name"] for r in rows) == ["a", "b", "c"]
     assert {r["diff"] for r in rows} == {1}

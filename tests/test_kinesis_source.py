@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from devtools.kinesis_server import create_stream, delete_stream, merge, open_shards, put, shards, split
 from reclock import offsets, pipeline
+from reclock import runtime
 from reclock.engine import Frontier
 from reclock.sources import SourceError
 from reclock.sources.kinesis import KinesisSource, Shard, expiry_problems, readable_shards
@@ -111,7 +112,7 @@ def bound_rows(config) -> Counter:
 
 
 def reclocked_rows_kinesis(config) -> list[tuple]:
-    with pipeline.open_source("kin", config) as ctx:
+    with runtime.open_source("kin", config) as ctx:
         table = ctx.tables.read_reclocked_arrow().to_pylist()
     return [(r["partition"], offsets.decode(r["offset"]), r["data"], r["into_time"], r["diff"]) for r in table]
 
@@ -142,7 +143,7 @@ def test_four_shards_resharded_mid_run_bound_once_parent_before_child_as_of(
             pipeline.run_once("kin", config, spark, now=t)
         else:
             pipeline.tick("kin", config, now=t, spark=spark)
-        with pipeline.open_source("kin", config) as ctx:
+        with runtime.open_source("kin", config) as ctx:
             remaps[t] = ctx.tables.read_remap().at(t)
             assert committed.less_equal(ctx.source.committed()) and ctx.source.committed().less_equal(remaps[t])
             committed = ctx.source.committed()  # resumed: never backwards, never beyond what is bound
@@ -175,7 +176,7 @@ def test_recreated_or_deleted_stream_is_refused(spark, tmp_path, kinesis_server,
     put(k, stream, [b"c"], open_shards(k, stream)[0])
     with pytest.raises(SourceError, match="not the stream remap has bound: created was .*nothing landed"):
         pipeline.tick("kin", config, now=3_000, spark=spark)
-    with pipeline.open_source("kin", config) as ctx:
+    with runtime.open_source("kin", config) as ctx:
         assert ctx.tables.read_remap().upper == 1_001 and len(ctx.tables.landed().partitions) == 1
 
 
@@ -211,13 +212,13 @@ def test_restart_after_sigkill_mid_tick_loses_and_duplicates_nothing(spark, spar
                    env_extra={"RECLOCK_KILL_AT": "reclock.landing:after"})
     output = proc.communicate(timeout=300)[0].decode(errors="replace")
     assert proc.returncode == -signal.SIGKILL, output[-3000:]
-    with pipeline.open_source("kin", config) as ctx:
+    with runtime.open_source("kin", config) as ctx:
         landed = ctx.tables.landed()
         assert ctx.tables.read_remap().upper == 0 and landed.partitions  # landed, nothing bound
         assert ctx.tables.read_spark("landing", spark=spark).count() == 700  # the tick's budget
     pipeline.run_once("kin", config, spark, now=1_000)  # lands the other 300 after what landed, binds all 1000
     counts, _ = bound_rows(config)
     assert counts == Counter({(p, o, d): 1 for (p, o), d in sent.items()})
-    with pipeline.open_source("kin", config) as ctx:
+    with runtime.open_source("kin", config) as ctx:
         last = {p: max(o for q, o in sent if q == p) for p, _ in sent}
         assert ctx.tables.read_remap().frontier == Frontier.of({p: o + 1 for p, o in last.items()})

@@ -12,7 +12,7 @@ import yaml
 from conftest import (WarmCommands, as_of_views, assert_reclocked_is_replay, edit_config, over_connect, reclocked_rows,
                       run_cli, wait_for, write_config)
 
-from reclock import pipeline
+from reclock import pipeline, runtime
 from devtools.kafka_broker import add_partitions, create_topic, produce
 from reclock.engine import Frontier, RemapError
 from reclock.query import QueryError, readable
@@ -52,7 +52,7 @@ def test_ticks_reclock_exactly_what_each_binding_covers(kafka_broker, spark, top
     assert readable("orders", config).upper == 3_001
 
     # resumption committed the durable frontier as the consumer group's offsets
-    with pipeline.open_source("orders", config) as ctx:
+    with runtime.open_source("orders", config) as ctx:
         assert ctx.source.committed() == Frontier.of({0: 2, 1: 2, 2: 1})
 
 
@@ -128,7 +128,7 @@ def test_compact_keeps_the_files_of_a_read_in_flight(kafka_broker, spark, topics
     for now in (10_000, 20_000):
         produce(kafka_broker, names["clicks"], [("u", f"click-{now}-{i}", i % 3) for i in range(3)])
         pipeline.run_once("clicks", config, spark, now=now)
-    with pipeline.open_source("clicks", config, connect=False, spark=spark) as ctx:
+    with runtime.open_source("clicks", config, connect=False, spark=spark) as ctx:
         version = ctx.tables.version("reclocked")
         in_flight = ctx.tables.read_reclocked_spark(spark, version=version)  # defined on version N
         assert pipeline.compact("clicks", config, now=90_000, spark=spark)["compacted"]
@@ -180,7 +180,7 @@ def test_kill_mid_tick_loses_and_duplicates_nothing(kafka_broker, spark, spark_c
     rows = reclocked_rows("clicks", config)
     assert sorted(r[0] for r in rows) == sorted(expected)
     assert len({(r[1], r[2]) for r in rows}) == len(rows)
-    with pipeline.open_source("clicks", config) as ctx:
+    with runtime.open_source("clicks", config) as ctx:
         remap = ctx.tables.read_remap()
         assert all(remap.into_time_of(p, o) == t for _, p, o, t, _ in rows)
         assert remap.frontier == ctx.source.upper()
@@ -272,5 +272,5 @@ def test_steps_get_the_sources_files_spark_conf(kafka_broker, spark, tmp_path):
     document = yaml.safe_load(open(config))
     document["spark"]["conf"] = {"spark.reclock.test.marker": "from-the-sources-file"}
     open(config, "w").write(yaml.safe_dump(document))
-    with pipeline.open_source("orders", config, connect=False, spark=True) as ctx:
+    with runtime.open_source("orders", config, connect=False, spark=True) as ctx:
         assert ctx.spark.conf.get("spark.reclock.test.marker") == "from-the-sources-file"

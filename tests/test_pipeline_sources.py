@@ -17,6 +17,7 @@ import pytest
 
 from conftest import edit_config, fresh_database, over_connect, write_sources_config
 from reclock import check_log, pipeline, warehouse
+from reclock import runtime
 from devtools.kafka_broker import create_topic, produce
 from reclock.checks import ChecksFailed
 from reclock.engine import Frontier
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def reclocked(name, config):
-    with pipeline.open_source(name, config, connect=False) as ctx:
+    with runtime.open_source(name, config, connect=False) as ctx:
         return ctx.tables.read_reclocked_arrow().to_pylist()
 
 
@@ -41,7 +42,7 @@ def view(spark, config, name, t):
 
 def assert_resumed(name, config):
     """resume committed upstream exactly the remap frontier at the last published IntoTime."""
-    with pipeline.open_source(name, config) as ctx:
+    with runtime.open_source(name, config) as ctx:
         remap, upper = ctx.tables.read_remap(), ctx.tables.reclocked_upper()
         assert ctx.source.committed() == remap.at(upper - 1)
         return ctx.source.committed()
@@ -172,7 +173,7 @@ def test_postgres_end_to_end(spark, spark_connect, pg):
     # the next tick refuses: no slot is created behind the source's back (its changes are lost); nothing written
     with pytest.raises(SourceError, match="the slot was dropped"):
         pipeline.run_once("pg", config, spark, now=9_000)
-    with pipeline.open_source("pg", config, connect=False) as ctx:
+    with runtime.open_source("pg", config, connect=False) as ctx:
         assert ctx.tables.remap_upper() == 8_001
     # published history stays queryable, without touching Postgres (no slot created by queries)
     for t in (5_000, 7_000):
@@ -241,7 +242,7 @@ def test_files_end_to_end(spark, tmp_path):
     with pytest.raises(SourceError, match=r"b\.log.* shrank from 33 to 3 bytes"):
         pipeline.run_once("logs", config, spark, now=4_000)
     assert readable("logs", config).upper == 3_001
-    with pipeline.open_source("logs", config, connect=False) as ctx:
+    with runtime.open_source("logs", config, connect=False) as ctx:
         assert ctx.tables.remap_upper() == 3_001
     assert files_view(3_000) == snapshots[3_000]
 
@@ -308,7 +309,7 @@ def test_files_bad_line_fails_or_is_dead_lettered(spark, tmp_path):
     assert sorted((r["line"], r["offset"], r["into_time"]) for r in reclocked("logs", config)) == [
         ("ok 1", 0, 1_000), ("ok 2", 12, 1_000), ("ok 3", 17, 2_000)]
     assert assert_resumed("logs", config) == Frontier.of({a: 22})  # committed past the bad line
-    with pipeline.open_source("logs", config, connect=False, spark=spark) as ctx:
+    with runtime.open_source("logs", config, connect=False, spark=spark) as ctx:
         rows = [tuple(r) for r in ctx.tables.read_dead_letters_spark(spark).collect()]
     assert rows == [("logs", a, 5, 1_000, None, b"\xff\xfe bad", error)]
     checked = check_log.read(f"{tmp_path}/warehouse/logs")
@@ -359,7 +360,7 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     produce(kafka_broker, topic, [("k", "ok-1"), ("k", "ok-2")], partition=0)
     first = pipeline.run_once("events", config, spark, now=1_000)
     assert first["stage"]["dead_letters"] == 0 and first["publish"]["published"]
-    with pipeline.open_source("events", config, connect=False) as ctx:  # nothing to add: no dead-letter commit
+    with runtime.open_source("events", config, connect=False) as ctx:  # nothing to add: no dead-letter commit
         assert ctx.tables._app_version("dead_letter", warehouse.DEAD_LETTER_APP, -1) == -1
         assert ctx.tables.dead_letter_count() == 0  # the table is there, empty
 
@@ -370,7 +371,7 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     assert readable("events", config).upper == 2_001  # the tick went on
     assert sorted((r["value"], r["partition"], r["offset"], r["into_time"]) for r in reclocked("events", config)) == [
         ("ok-1", 0, 0, 1_000), ("ok-2", 0, 1, 1_000), ("ok-3", 0, 2, 2_000), ("ok-4", 0, 4, 2_000)]
-    with pipeline.open_source("events", config) as ctx:
+    with runtime.open_source("events", config) as ctx:
         remap = ctx.tables.read_remap()
         assert (remap.into_time_of(0, 3), remap.into_time_of(1, 0)) == (2_000, 2_000)  # bound like the others
         assert ctx.source.committed() == Frontier.of({0: 5, 1: 1})  # and resumed past
@@ -408,13 +409,13 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     with pytest.raises(RuntimeError, match="killed"):
         pipeline.publish("events", config, spark)
     monkeypatch.setattr(warehouse, "_commit_added", real)
-    with pipeline.open_source("events", config, connect=False, spark=spark) as ctx:
+    with runtime.open_source("events", config, connect=False, spark=spark) as ctx:
         assert (ctx.tables.dead_letter_count(), ctx.tables.reclocked_upper()) == (3, 2_001)
     produce(kafka_broker, topic, [("k", "ok-5")], partition=1)  # offset 2
     fourth = pipeline.run_once("events", config, spark, now=4_000)
     assert fourth["stage"]["dead_letters"] == 1 and fourth["publish"]["reclocked_upper"] == 4_001
     assert not pipeline.publish("events", config, spark)["published"]  # a rerun adds nothing
-    with pipeline.open_source("events", config, connect=False, spark=spark) as ctx:
+    with runtime.open_source("events", config, connect=False, spark=spark) as ctx:
         assert ctx.tables.dead_letter_count() == 3
         offsets = sorted((r.partition, r.offset, r.into_time) for r in ctx.tables.read_dead_letters_spark(spark).collect())
     assert offsets == [(0, 3, 2_000), (1, 0, 2_000), (1, 1, 3_000)]

@@ -13,7 +13,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from conftest import fresh_database, write_sources_config  # noqa: E402
-from reclock import check_log, pipeline  # noqa: E402
+from reclock import check_log, pipeline, runtime  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.sources.postgres import PostgresSource, int_to_lsn  # noqa: E402
 
@@ -63,12 +63,12 @@ def test_updates_and_duplicate_rows_without_a_key_pass(spark, db):
         c.execute("UPDATE ops.pair SET b = 2")
         c.execute("INSERT INTO ops.pair VALUES ('x', 1, 'w')")
     upto = run(config, spark, 2_000)
-    with pipeline.open_source("bank", config, connect=False) as ctx:
+    with runtime.open_source("bank", config, connect=False) as ctx:
         assert ctx.tables.staged_metadata(upto) == {"primary_keys": {"public.acct": ["id"], "ops.pair": ["b", "a"]}}
     summary = pipeline.check("bank", config, spark)["primary_key"]
     assert "PASS reclocked.primary_key_unique" in summary, summary
     pipeline.publish("bank", config, spark)
-    with pipeline.open_source("bank", config, connect=False) as ctx:
+    with runtime.open_source("bank", config, connect=False) as ctx:
         assert ctx.tables.reclocked_upper() == upto + 1
 
 
@@ -85,7 +85,7 @@ def test_a_key_held_twice_is_refused(spark, db, tmp_path):
         c.execute("INSERT INTO acct VALUES (7, 70)")
     upto = run(config, spark, 2_000)
     pipeline.check("bank", config, spark)  # as staged: passes
-    with pipeline.open_source("bank", config, connect=False) as ctx:
+    with runtime.open_source("bank", config, connect=False) as ctx:
         staged, schema = ctx.tables.read_staged(upto), ctx.tables.schemas["reclocked"]
     insert = staged[staged["row"] == '{"id":7,"bal":"70"}']
     assert len(insert) == 1 and insert["diff"].iloc[0] == 1
@@ -99,7 +99,7 @@ def test_a_key_held_twice_is_refused(spark, db, tmp_path):
     assert f"commit LSN {int_to_lsn(int(insert['offset'].iloc[0]))}" in message, message
     with pytest.raises(ChecksFailed, match="not passed its checks"):
         pipeline.publish("bank", config, spark)
-    with pipeline.open_source("bank", config, connect=False) as ctx:
+    with runtime.open_source("bank", config, connect=False) as ctx:
         assert ctx.tables.reclocked_upper() == 1_001
         reports = check_log.read(ctx.tables.uri)["reports"]
     assert [kind for kind, report in reports.items() if not report["success"]] == ["primary_key"], reports

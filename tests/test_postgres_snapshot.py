@@ -18,7 +18,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from conftest import fresh_database, run_cli, write_sources_config  # noqa: E402
-from reclock import pipeline  # noqa: E402
+from reclock import pipeline, runtime  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
@@ -168,7 +168,7 @@ def test_kill_during_the_snapshot_copy(spark, acct):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    with pipeline.open_source("acct", config, connect=False) as ctx:
+    with runtime.open_source("acct", config, connect=False) as ctx:
         assert not ctx.tables.landed().partitions, "killed too late: the snapshot had landed"
         assert ctx.tables.remap_upper() == 0
     pipeline.run_once("acct", config, spark, now=1_000)  # drops the orphan slot, takes the snapshot again
@@ -199,7 +199,7 @@ def test_checks_refuse_retracting_rows_the_history_lacks(spark, pg_cluster, tmp_
         assert '"id":1' in message and '"id":2' in message and "commit LSN" in message, message
         with pytest.raises(ChecksFailed, match="not passed its checks"):
             pipeline.publish("acct", config, spark)
-        with pipeline.open_source("acct", config, connect=False) as ctx:
+        with runtime.open_source("acct", config, connect=False) as ctx:
             assert ctx.tables.reclocked_upper() == 1_001
 
 
@@ -224,7 +224,7 @@ def test_truncate_retracts_what_the_table_held(spark, pg_cluster, tmp_path):
         pipeline.run_once("acct", config, spark, now=3_000)
         assert as_of(spark, config, 3_000) == Counter() == table_now(dsn)
         assert as_of(spark, config, 1_000) == before and len(before) == 50
-        with pipeline.open_source("acct", config, connect=False) as ctx:
+        with runtime.open_source("acct", config, connect=False) as ctx:
             ops = Counter(r["op"] for r in ctx.tables.read_reclocked_arrow().to_pylist())
         assert ops["truncate"] == 50 + 1 + 1  # the retractions (the markers are gone)
 
@@ -276,7 +276,7 @@ def test_lost_slot_recovers_from_a_fresh_snapshot(spark, pg_cluster, tmp_path, m
         assert as_of(spark, config, 5_000) == table_now(dsn)
         assert {t: as_of(spark, config, t) for t in (1_000, 2_000)} == published
         assert as_of(spark, config, 3_000) == published[2_000]  # its changes were never read one by one
-        with pipeline.open_source("acct", config, connect=False) as ctx:
+        with runtime.open_source("acct", config, connect=False) as ctx:
             at = [r for r in ctx.tables.read_reclocked_arrow().to_pylist() if r["into_time"] == 5_000]
         # only the difference: ids 2, 3, 4 retracted and inserted, 5 and 1000 retracted, 1001 and 1002
         # inserted (1001 was never published: the snapshot brings it), and the change of 6 on the new slot

@@ -16,7 +16,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from conftest import fresh_database, write_sources_config  # noqa: E402
-from reclock import pipeline  # noqa: E402
+from reclock import pipeline, runtime  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.postgres import lsn_to_int  # noqa: E402
@@ -111,7 +111,7 @@ def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(s
         at = re.search(r"was dropped at commit LSN ([0-9A-F]+/[0-9A-F]+)", message)[1]
         assert lsn_to_int(at) >= lsn_to_int(lsn), (at, lsn)
         assert "nothing staged" in message and "reclock new-epoch <source> --drop-slot" in message, message
-        with pipeline.open_source("src", config, connect=False) as ctx:
+        with runtime.open_source("src", config, connect=False) as ctx:
             assert ctx.tables.reclocked_upper() == 2_001  # nothing after the drop was published
         assert typed_rows(spark, config, 2_000, sql) == {(1, "a2", None), (2, "b", 5), (3, "c", 7)}
 

@@ -30,6 +30,7 @@ from airflow_env import REPO, http_ok, prepare_home, stop_group
 from devtools.kafka_broker import free_port
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from reclock import check_log, pipeline, sources
+from reclock import runtime
 from reclock.checks import ChecksFailed
 from reclock.engine import Frontier
 from reclock.progress import UpstreamUnreachable, collect, data_docs_file, probe_options, probe_upper
@@ -287,7 +288,7 @@ def stage_with_pyarrow(name: str, config: Path, corrupt: bool = False) -> int:
 
     ``corrupt`` stamps the first record one ms late, which the checks must catch.
     """
-    with pipeline.open_source(name, str(config)) as ctx:
+    with runtime.open_source(name, str(config)) as ctx:
         remap = ctx.tables.read_remap()
         start, upto = pipeline.pending(remap, ctx.tables)
         rows = [{**data, "partition": partition, "offset": offset, "into_time": into_time, "diff": diff}
@@ -531,7 +532,7 @@ def api_server(tmp_path, airflow_db_template, spark):  # noqa: F811
 def test_progress_page_in_airflow_and_chromium(api_server, tmp_path):
     if chromium() is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; "
-                    "include/system-packages.sh installs it)")
+                    "devtools/system-packages.sh installs it)")
     base = api_server
 
     plugins = json.loads(http_get(f"{base}/api/v2/plugins")[2])["plugins"]

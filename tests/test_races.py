@@ -25,7 +25,7 @@ import pytest
 from conftest import assert_reclocked_is_replay, over_connect, run_cli, write_config
 
 from devtools.kafka_broker import produce
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.engine import Frontier
 from reclock.warehouse import ConcurrentWriteError, SourceTables
 
@@ -46,7 +46,7 @@ def source(kafka_broker, kafka_topic, tmp_path):
 
 def assert_sound(config: str) -> None:
     """Remap is strictly monotone, sums to its frontier and is not beyond the upstream."""
-    with pipeline.open_source("orders", config) as ctx:
+    with runtime.open_source("orders", config) as ctx:
         rows = ctx.tables._read("remap").to_pylist()
         remap = ctx.tables.read_remap()  # RemapError if the stored increments are not monotone
         upstream = ctx.source.upper()

@@ -22,6 +22,7 @@ from conftest import canonical, check_engine_laws, stage_parquet, updates_of, up
 from hypothesis import given, settings, strategies as st
 
 from reclock import offsets, pipeline
+from reclock import runtime
 from reclock.checks import check_reclocked, check_remap
 from reclock.engine import Frontier, Remap, as_of, compact_updates, reclock
 from reclock.offsets import OffsetError
@@ -355,10 +356,10 @@ def test_pipeline_end_to_end_on_recorded_stream(spark, tmp_path, gauge):
         bound = spark.sql(f"SELECT count(*) AS n FROM {name} r JOIN {name}_progress p "
                           f"ON r.partition = p.partition AND p.into_time = {t} AND r.offset < p.offset").first().n
         assert bound == len(recorded)
-        with pipeline.open_source(name, config) as ctx:
+        with runtime.open_source(name, config) as ctx:
             assert ctx.source.committed() == upper_of(recorded)  # resumed upstream: everything published
 
-    with pipeline.open_source(name, config, connect=False) as ctx:
+    with runtime.open_source(name, config, connect=False) as ctx:
         assert ctx.tables.since() == 2_500
         stored = pa.string() if gauge == "kinesis" else pa.int64()
         assert ctx.tables.read_reclocked_arrow().schema.field("offset").type == stored

@@ -267,7 +267,7 @@ def _sums(table: pa.Table) -> dict:
 def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
     import yaml
 
-    from reclock import pipeline
+    from reclock import pipeline, runtime
 
     logs = f"{BUCKET}/{prefix}/logs"
     s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npart")
@@ -286,7 +286,7 @@ def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
     s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npartial\n")
     out = pipeline.tick("logs", str(path), now=200)
     assert out["frontier"] == {A: 16} and out["new_offsets"] == 8
-    with pipeline.open_source("logs", str(path), connect=False) as ctx:
+    with runtime.open_source("logs", str(path), connect=False) as ctx:
         remap = ctx.tables.read_remap()
     assert remap.upper == 201 and remap.at(150) == Frontier.of({A: 8})
     assert pipeline.resume("logs", str(path))["offsets"] == {}  # nothing published yet

@@ -16,17 +16,17 @@ from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
 from conftest import engine_rows, reclocked_rows, write_config, write_sources_config
 
 from devtools.kafka_broker import produce
-from reclock import pipeline
+from reclock import pipeline, runtime
 
 pytestmark = pytest.mark.slow
 
 # In the subprocess: every step at IntoTime NOW over the server, and what the process holds afterwards.
 RUN_ONCE = """
 from pyspark import SparkContext
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.spark_session import is_remote
 steps = [pipeline.run_once(NAME, CONFIG, now=now) for now in NOWS]
-with pipeline.open_source(NAME, CONFIG, spark=True) as ctx:
+with runtime.open_source(NAME, CONFIG, spark=True) as ctx:
     remote = is_remote(ctx.spark)
 emit({"steps": steps, "remote": remote, "local_jvm": SparkContext._active_spark_context is not None})
 """
@@ -72,7 +72,7 @@ def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
     assert result["remote"] and not result["local_jvm"], result["output"][-3000:]
     [run] = result["steps"]
     assert run["stage"]["staged_rows"] == 3 and run["publish"]["published"]
-    with pipeline.open_source("logs", config) as ctx:
+    with runtime.open_source("logs", config) as ctx:
         rows = ctx.tables.read_reclocked_arrow().to_pylist()
     assert sorted((r["line"], r["offset"], r["into_time"], r["diff"]) for r in rows) == [
         ("a1", 0, 1000, 1), ("a2", 3, 1000, 1), ("b1", 0, 1000, 1)]

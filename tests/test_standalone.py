@@ -29,7 +29,7 @@ WORKERS = 2
 # bound range through the Python data source (Python workers on the executors import reclock).
 TICK_ON_CLUSTER = """
 import time
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.config import load_config
 from reclock.spark_session import get_spark
 from reclock.spark_source import read_ranges_python
@@ -41,7 +41,7 @@ while status().size() < 1 + WORKERS and time.monotonic() < deadline:
     time.sleep(0.2)
 executors = status().size() - 1
 steps = pipeline.run_once(NAME, CONFIG, spark, now=NOW)
-with pipeline.open_source(NAME, CONFIG) as ctx:
+with runtime.open_source(NAME, CONFIG) as ctx:
     python_rows = read_ranges_python(spark, ctx.spec, ctx.tables.read_remap().ranges()).collect()
 emit({"app_id": spark.sparkContext.applicationId, "master": spark.sparkContext.master, "executors": executors,
       "steps": steps, "python_rows": [[r.value, r.partition, r.offset, r.into_time, r.diff] for r in python_rows]})

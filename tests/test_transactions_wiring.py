@@ -8,6 +8,7 @@ import yaml
 from airflow_env import DAGS_FOLDER, airflow_env, run_python
 from reclock.config import ConfigError, load_config
 from reclock.pipeline import _consumers_progress
+from reclock.runtime import Runtime
 from reclock.sources.kafka import KafkaSource
 from reclock.transactions import TEMP_APP, TxnTables
 from reclock.warehouse import Warehouse
@@ -46,14 +47,14 @@ def test_transactions_entries_are_validated(tmp_path):
 
 def test_compaction_of_its_sources_waits_for_the_step(tmp_path, spark):
     path = write_config(tmp_path, MAIN)
-    assert _consumers_progress("dbz_data", path) == [-1]  # never ran: its sources must not compact
+    assert _consumers_progress("dbz_data", Runtime.load(path)) == [-1]  # never ran: its sources must not compact
     config = load_config(path)
     tables = TxnTables(Warehouse(config.warehouse), "main", pa.int32(), KafkaSource.data_schema, spark)
-    assert _consumers_progress("dbz_data", path) == [-1]  # tables created, nothing processed yet
+    assert _consumers_progress("dbz_data", Runtime.load(path)) == [-1]  # tables created, nothing processed yet
     tables.append("temp", [], TEMP_APP, 5_000)
-    assert _consumers_progress("dbz_data", path) == [5_000]
-    assert _consumers_progress("dbz_tx", path) == [5_000]
-    assert _consumers_progress("other", path) == []
+    assert _consumers_progress("dbz_data", Runtime.load(path)) == [5_000]
+    assert _consumers_progress("dbz_tx", Runtime.load(path)) == [5_000]
+    assert _consumers_progress("other", Runtime.load(path)) == []
 
 
 def test_one_dag_per_transactions_entry(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from conftest import over_connect, reclocked_rows, run_cli, write_config
 
 from devtools.kafka_broker import delete_records, produce, recreate_topic
-from reclock import pipeline
+from reclock import pipeline, runtime
 from reclock.backfill import BackfillError, replay
 from reclock.clock import now_ms
 from reclock.engine import Frontier
@@ -37,7 +37,7 @@ def offsets(config) -> list[int]:
 
 
 def upper(config) -> int:
-    with pipeline.open_source("events", config, connect=False) as ctx:
+    with runtime.open_source("events", config, connect=False) as ctx:
         return ctx.tables.remap_upper()
 
 
@@ -126,7 +126,7 @@ def test_retention_overtaking_bound_records_stops_until_the_gap_is_accepted(kafk
     assert [(g["partition"], g["start"], g["end"], g["bound_at"]) for g in lost] == [(0, 4, 11, [2_000, None])]
     pipeline.run_once("events", config, spark, now=3_000)
     assert offsets(config) == [0, 1, 2, 3, 11]
-    with pipeline.open_source("events", config, connect=False) as ctx:
+    with runtime.open_source("events", config, connect=False) as ctx:
         assert ctx.tables.upstream_record().gaps == lost  # the gap stays on record with remap
     assert pipeline.accept_lost("events", config, spark)["lost"] == []
 

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 
 from .engine import Frontier, Range, Remap
 from .engine.upstream import clip_ranges, identity_problems, replay_problem
-from .pipeline import SourceContext, open_source, read_bound
+from .pipeline import read_bound
+from .runtime import Runtime, SourceContext, Where
 from .sources.base import identity_of, released_frontier
 from .warehouse import RECLOCKED_APP, UpstreamRecord, app_version
 
@@ -210,7 +211,7 @@ def _source_errors(window: Window, action):
 # --- replay ------------------------------------------------------------------------------------
 
 
-def replay(name: str, config_path: str | None, start: int, end: int, spark=None, mode: str = "verify") -> dict:
+def replay(name: str, runtime: Where, start: int, end: int, spark=None, mode: str = "verify") -> dict:
     """Replay IntoTimes ``[start, end]`` (inclusive, ms) of source ``name``; see the module doc.
 
     Returns a JSON-able report; raises :class:`BackfillError` when the window cannot be replayed or
@@ -218,12 +219,10 @@ def replay(name: str, config_path: str | None, start: int, end: int, spark=None,
     """
     if mode not in MODES:
         raise BackfillError(f"{name}: mode must be one of {MODES}, got {mode!r}")
-    from .spark_session import get_spark
-
-    with open_source(name, config_path) as ctx:
+    runtime = Runtime.of(runtime, spark)
+    with runtime.source(name) as ctx:
         window = plan(ctx, name, start, end)
-        spark = spark or get_spark(ctx.spark_master, f"reclock-backfill-{name}", s3=ctx.tables.uri.startswith("s3"),
-                                   conf=ctx.spark_conf, remote=ctx.spark_remote)
+        spark = runtime.spark(f"reclock-backfill-{name}")
         schema = ctx.tables.spark_schema("reclocked")
         replayed = canonical(_replayed(spark, ctx, window, schema), window, schema).persist()
         try:

@@ -15,8 +15,9 @@ import sys
 from datetime import datetime, timezone
 
 from . import pipeline
-from .config import config_schema_text, load_config
+from .config import config_schema_text
 from .query import QueryError, common_readable, duckdb_as_of, query_as_of, spark_needed
+from .runtime import Runtime
 from .status import status
 
 STEP_COMMANDS = (*pipeline.STEPS, "run")  # a step of a source, or all of them in order
@@ -63,19 +64,18 @@ def limit(text: str) -> int:
     return n
 
 
-def parse_time(t: int | str, names: list[str], config_path: str | None) -> int:
+def parse_time(t: int | str, names: list[str], runtime: Runtime) -> int:
     """An :func:`into_time`, or for ``latest`` the last IntoTime readable for all of ``names``."""
     if t != "latest":
         return t
-    since, upper = common_readable(names, config_path)
+    since, upper = common_readable(names, runtime)
     if upper <= since:
         raise QueryError(f"no time is readable for all of {', '.join(names)} yet")
     return upper - 1
 
 
-def _check_names(args: argparse.Namespace) -> None:
+def _check_names(args: argparse.Namespace, config) -> None:
     """Refuse unknown source names before any work starts (ConfigError names the known ones)."""
-    config = load_config(args.config)
     for name in ([args.source] if isinstance(getattr(args, "source", None), str) else getattr(args, "source", None)
                  or []):
         config.source(name)
@@ -125,40 +125,41 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(config_schema_text())
         return 0
     try:
-        _check_names(args)
+        runtime = Runtime.load(args.config)  # the one parse of the sources file in this process
+        _check_names(args, runtime.config)
         if args.command in STEP_COMMANDS:
             if args.command == "run":
-                done = pipeline.run_once(args.source, args.config)
+                done = pipeline.run_once(args.source, runtime)
             else:  # one step, with its point after it (reclock.points)
-                done = pipeline.run_once(args.source, args.config, steps=(args.command,))[args.command]
+                done = pipeline.run_once(args.source, runtime, steps=(args.command,))[args.command]
             print(json.dumps(done, indent=2, default=str))
         elif args.command == "accept-lost":
-            print(json.dumps(pipeline.accept_lost(args.source, args.config), indent=2))
+            print(json.dumps(pipeline.accept_lost(args.source, runtime), indent=2))
         elif args.command == "new-epoch":
-            print(json.dumps(pipeline.new_epoch(args.source, args.config, drop_slot=args.drop_slot), indent=2))
+            print(json.dumps(pipeline.new_epoch(args.source, runtime, drop_slot=args.drop_slot), indent=2))
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
-            print(json.dumps(sink_cdcv2(args.source, args.to, args.config), indent=2))
+            print(json.dumps(sink_cdcv2(args.source, args.to, runtime), indent=2))
         elif args.command == "transactions":
             from .transactions import publish_transactions
-            txn = load_config(args.config).transaction(args.name)
-            print(json.dumps(publish_transactions(txn.name, txn.data_source, txn.tx_source, args.config), indent=2))
+            txn = runtime.config.transaction(args.name)
+            print(json.dumps(publish_transactions(txn.name, txn.data_source, txn.tx_source, runtime), indent=2))
         elif args.command == "backfill":
             from .backfill import replay
             start, end = args.start, args.end
             mode = "repair" if args.repair else "verify"
-            print(json.dumps(replay(args.source, args.config, start, end, mode=mode), indent=2))
+            print(json.dumps(replay(args.source, runtime, start, end, mode=mode), indent=2))
         elif args.command == "status":
-            print(json.dumps(status(args.config), indent=2))
+            print(json.dumps(status(runtime), indent=2))
         else:
-            names = args.source or list(load_config(args.config).sources)
-            t = parse_time(args.as_of, names, args.config)
+            names = args.source or list(runtime.config.sources)
+            t = parse_time(args.as_of, names, runtime)
             sql = args.sql or f"SELECT * FROM {names[0]}"
             engine = args.engine
             if engine == "auto":
-                engine = "spark" if spark_needed(names, args.config) else "duckdb"
+                engine = "spark" if spark_needed(names, runtime) else "duckdb"
             if engine == "duckdb":
-                con, _ = duckdb_as_of(t, names, args.config)
+                con, _ = duckdb_as_of(t, names, runtime)
                 print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
                 import duckdb
 
@@ -168,12 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     raise QueryError(f"the query failed in DuckDB: {str(e).splitlines()[0]} (Spark SQL: --engine "
                                      "spark)") from e
                 return 0
-            from .spark_session import get_spark
-            config = load_config(args.config)
-            spark = get_spark(config.spark_master, "reclock-query", s3=config.warehouse.startswith("s3"),
-                              conf=config.spark_conf, remote=config.spark_remote)
+            spark = runtime.spark("reclock-query")
             print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")
-            query_as_of(spark, sql, t, names, args.config).show(args.limit, truncate=False)
+            query_as_of(spark, sql, t, names, runtime).show(args.limit, truncate=False)
     except (QueryError, ValueError, RuntimeError) as e:
         for line in getattr(e, "problems", None) or [str(e)]:
             print(f"reclock: error: {line}", file=sys.stderr)

@@ -3,7 +3,7 @@
 A kind with a ``connection_type`` (:class:`reclock.sources.SourceKind`) may name an Airflow connection of that
 type instead of its ``connection_options``; the sources file then holds no address or credential.  The
 connection is resolved here, and only here, when a step runs (:func:`resolved_options`, called by the
-composition root :func:`reclock.pipeline.open_source`), never when a DAG file is parsed: through the providers'
+composition root :meth:`reclock.runtime.Runtime.source`), never when a DAG file is parsed: through the providers'
 hooks and Airflow's Connection API.  In a task that is Airflow's connections (metadata DB, secrets backends);
 anywhere, Airflow's own ``AIRFLOW_CONN_<CONN_ID>`` variables (JSON or URI), so the CLI takes conn ids too.
 

@@ -9,100 +9,29 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
 
 from . import points
 from .clock import now_ms
-from .config import SourceConfig, load_config
-from .connections import resolved_options
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
-from .offsets import offset_type_of
-from .sources import build_source, source_class, source_options
-from .sources.base import Source, SourceError, identity_of, released_frontier, starting_frontier
-from .sources.epoch import in_epoch
-from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, Warehouse, txn_processed_upto
+from .runtime import Runtime, SourceContext, Where
+from .sources.base import SourceError, identity_of, released_frontier, starting_frontier
+from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, txn_processed_upto
 
 log = logging.getLogger("reclock")
-
-
-@dataclass
-class SourceContext:
-    config: SourceConfig
-    upstream: Source  # as built from the config, in its own offsets
-    tables: SourceTables
-    spark_master: str
-    spark_conf: dict
-    spark: Any = None
-    base: Frontier = Frontier()  # the current epoch's offset base (reclock.engine.upstream)
-    #: The options the upstream was built from: the file's, with what its Airflow connection gives
-    #: (reclock.connections); they may hold credentials, so never log them.
-    options: dict | None = None
-    spark_remote: str | None = None  # a Spark Connect server's URL (the config's spark.remote)
-
-    @property
-    def source(self) -> Source:
-        """The upstream in the source's gauge: its offsets shifted by the epoch's offset base, if any."""
-        return in_epoch(self.upstream, self.base)
-
-    @property
-    def spec(self) -> dict:
-        """How Spark workers rebuild the source."""
-        return {"kind": self.config.kind, **(self.config.options if self.options is None else self.options)}
-
-
-@contextmanager
-def open_source(name: str, config_path: str | None = None, connect: bool = True,
-                spark=None) -> Iterator[SourceContext]:
-    """The configured source, connected, with its warehouse tables: the composition root of a step.
-
-    ``connect=False`` (reading what is published): when the source's class declares its
-    schema, ``ctx.source`` is that class, good for ``partition_type``, ``data_schema``,
-    ``offset_type`` and ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).
-    ``spark``: a Spark session, or True to get the configured one; steps that write Delta tables need it,
-    the others read with the light reader and start no JVM.  A connected source is seen in its gauge
-    (``ctx.source``): after a new epoch, shifted by the epoch's offset base.
-    """
-    config = load_config(config_path)
-    source_config = config.source(name)
-    if spark is True:
-        from .spark_session import get_spark
-
-        spark = get_spark(config.spark_master, f"reclock-{name}", s3=config.warehouse.startswith("s3"),
-                          conf=config.spark_conf, remote=config.spark_remote)
-    source = None if connect else source_class(source_config.kind)
-    connected = source is None
-    warehouse = Warehouse(config.warehouse, config.storage_options)
-    options = None
-    if connected:
-        options = resolved_options(source_config)  # the Airflow connection it names, if any, read now
-        if "state_url" in (source_options(source_config.kind) or {}) and not options.get("state_url"):
-            options["state_url"] = f"{warehouse.source_uri(name)}/state"  # a source keeping its own state
-        source = build_source({"kind": source_config.kind, **options})
-    try:
-        tables = warehouse.source(
-            name, source.partition_type, source.data_schema, offset_type_of(source), spark=spark)
-        record = tables.upstream_record() if connected else None
-        yield SourceContext(source_config, source, tables, config.spark_master, config.spark_conf, spark,
-                            record.base if record else Frontier(), options, config.spark_remote)
-    finally:
-        if connected:
-            source.close()
 
 
 TICK_ATTEMPTS = 3  # a tick that lost a race to another tick of its source reads again this many times
 
 
-def tick(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
+def tick(name: str, runtime: Where = None, now: int | None = None, spark=None) -> dict:
     """Bind the source's current upper frontier to IntoTime ``now`` (ms; default the wall clock) in ``remap``.
 
     A tick racing another tick of the source (a scheduled and a manual run, the CLI) commits only if remap
     is still as it read it (:meth:`SourceTables.append_binding`); the loser reads again and retries.
     """
-    with open_source(name, config_path, spark=spark or True) as ctx:
+    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         for attempt in range(1, TICK_ATTEMPTS + 1):
             try:
                 return _tick_once(name, ctx, now)
@@ -160,8 +89,6 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
     its slot is dropped and the snapshot taken again.  The export (and the source's snapshot lock) stays
     open until the landing commits, so a racing first tick cannot drop the slot under it: it fails.
     """
-    from .spark_source import read_ranges_python
-
     landed = ctx.tables.landed()
     export = getattr(ctx.source, "export_snapshot", None)
     if export is None or not getattr(ctx.source, "snapshot", False) or landed.partitions or remap.upper > 0:
@@ -170,6 +97,8 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
         log.warning("%s: %r has a slot but its initial snapshot never landed (a first tick killed while copying): "
                     "dropping the slot and taking the snapshot again", name, ctx.source)
         ctx.source.drop_slot()
+    from .spark_source import read_ranges_python
+
     with export() as snapshot:
         ranges = [(0, partition, 0, upper) for partition, upper in snapshot.uppers.items()]
         log.info("%s: landing the initial snapshot of %r at its consistent point: %s", name, ctx.source,
@@ -283,13 +212,13 @@ def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRec
     return record
 
 
-def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
+def accept_lost(name: str, runtime: Where = None, spark=None) -> dict:
     """Go on without the records the upstream released before reclock read them: the start frontier moves
     past them (:func:`reclock.engine.upstream.past_gaps`) and the gap is recorded with remap, with the
     IntoTimes the lost offsets were bound at (None: never bound).  A replaced upstream (another identity, a
     partition ending below what was bound) serves none of the bound records it replaced
     (:func:`reclock.engine.upstream.released_by`): the unpublished ones are lost, before a new epoch."""
-    with open_source(name, config_path, spark=spark or True) as ctx:
+    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         remap = ctx.tables.read_remap()
         record = _upstream_record(name, ctx, remap)
         same = not identity_problems(record.identity, identity_of(ctx.source))
@@ -305,7 +234,7 @@ def accept_lost(name: str, config_path: str | None = None, spark=None) -> dict:
         return {"lost": gaps}
 
 
-def new_epoch(name: str, config_path: str | None = None, spark=None, drop_slot: bool = False) -> dict:
+def new_epoch(name: str, runtime: Where = None, spark=None, drop_slot: bool = False) -> dict:
     """Start the source over on its current upstream as a new epoch, keeping what was published.
 
     A source that takes snapshots (Postgres) starts over from a fresh one instead: :func:`_new_snapshot_epoch`
@@ -326,7 +255,7 @@ def new_epoch(name: str, config_path: str | None = None, spark=None, drop_slot: 
     """
     from . import offsets
 
-    with open_source(name, config_path, spark=spark or True) as ctx:
+    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         remap = ctx.tables.read_remap()
         record = ctx.tables.upstream_record()
         where = f"{name} ({ctx.upstream!r}): no new epoch begun, nothing written"
@@ -466,7 +395,7 @@ def staged_window(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
     return (start, staged[-1]) if staged and staged[-1] != upto else window
 
 
-def stage(name: str, config_path: str | None = None, spark=None) -> dict:
+def stage(name: str, runtime: Where = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files.
 
     A record that cannot be decoded fails the step, naming source, partition and offset; with
@@ -475,7 +404,7 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
     """
     from .spark_source import split_bad_records, worker_source_error
 
-    with open_source(name, config_path, spark=spark or True) as ctx:
+    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         remap = ctx.tables.read_remap()
         window = pending(remap, ctx.tables)
         if window is None:
@@ -514,7 +443,7 @@ def stage(name: str, config_path: str | None = None, spark=None) -> dict:
         return result
 
 
-def check(name: str, config_path: str | None = None, spark=None) -> dict:
+def check(name: str, runtime: Where = None, spark=None) -> dict:
     """Great Expectations checks on remap and the staged batch (and its dead letters, reported: a source with
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
@@ -529,7 +458,8 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
     from .checks import check_remap
     from .gx_context import open_context
 
-    with open_source(name, config_path, connect=False) as ctx:
+    runtime = Runtime.of(runtime, spark)
+    with runtime.source(name, connect=False) as ctx:
         gx = open_context(ctx.tables.uri, name)
         with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
             remap = ctx.tables.read_remap()
@@ -538,8 +468,7 @@ def check(name: str, config_path: str | None = None, spark=None) -> dict:
             window = staged_window(remap, ctx.tables)
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
-                with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
-                    results.update(_check_batch(ctx, remap, window, gx))
+                results.update(_check_batch(ctx, remap, window, gx))
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
              "passed" if all(r.success for r in results.values()) else "FAILED",
@@ -572,7 +501,7 @@ def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) 
     return results
 
 
-def publish(name: str, config_path: str | None = None, spark=None) -> dict:
+def publish(name: str, runtime: Where = None, spark=None) -> dict:
     """Commit the checked staged batch into the reclocked table (one idempotent Delta commit).
 
     Only a batch whose checks passed is published: the last check record (:mod:`reclock.check_log`) must be
@@ -582,7 +511,7 @@ def publish(name: str, config_path: str | None = None, spark=None) -> dict:
     from . import check_log
     from .checks import ChecksFailed
 
-    with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
+    with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx:
         remap = ctx.tables.read_remap()
         window = pending(remap, ctx.tables)
         if window is None:
@@ -598,9 +527,9 @@ def publish(name: str, config_path: str | None = None, spark=None) -> dict:
         return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 
 
-def resume(name: str, config_path: str | None = None) -> dict:
+def resume(name: str, runtime: Where = None) -> dict:
     """Commit the offset resumption frontier upstream (bounded input reliance, seed 003)."""
-    with open_source(name, config_path) as ctx:
+    with Runtime.of(runtime).source(name) as ctx:
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
         offsets = offset_resumption_frontier(remap, resume_at)
@@ -612,30 +541,29 @@ def resume(name: str, config_path: str | None = None) -> dict:
                 "upstream_offsets": to_upstream(offsets, ctx.base).as_json()}
 
 
-def compact(name: str, config_path: str | None = None, now: int | None = None, spark=None) -> dict:
+def compact(name: str, runtime: Where = None, now: int | None = None, spark=None) -> dict:
     """Advance ``since`` to keep at least ``retention_ms`` of history, never past what is durable; VACUUM
     keeps the replaced files ``vacuum_retention_hours`` (reads of older versions in flight still find them)."""
-    with open_source(name, config_path, connect=False) as ctx:
+    runtime = Runtime.of(runtime, spark)
+    with runtime.source(name, connect=False) as ctx:
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
         since = min(resume_at - 1, (now if now is not None else now_ms()) - ctx.config.retention_ms)
-        since = min([since] + _consumers_progress(name, config_path))
+        since = min([since] + _consumers_progress(name, runtime))
         current = ctx.tables.since()
         # Compaction rewrites the history before since: do it when since moved by a quarter of
         # the retention, not on every tick, so its cost stays proportional to the data.
         if since <= current or (current and since - current < ctx.config.retention_ms // 4):
             return {"since": current, "compacted": False}
-    with open_source(name, config_path, connect=False, spark=spark or True) as ctx:
+    with runtime.source(name, connect=False, create=True) as ctx:
         ctx.tables.compact(since, retention_hours=ctx.config.vacuum_retention_hours,
                            offsets_unique=ctx.config.offsets_unique)
         return {"since": since, "compacted": True}
 
 
-def _consumers_progress(name: str, config_path: str | None) -> list[int]:
+def _consumers_progress(name: str, runtime: Runtime) -> list[int]:
     """Last IntoTime processed by each transactions step reading ``name``: compaction must wait for them."""
-    config = load_config(config_path)
-    warehouse = Warehouse(config.warehouse, config.storage_options)
-    return [txn_processed_upto(warehouse, t.name) for t in config.transactions.values()
+    return [txn_processed_upto(runtime.warehouse, t.name) for t in runtime.config.transactions.values()
             if name in (t.data_source, t.tx_source)]
 
 
@@ -643,16 +571,17 @@ def _consumers_progress(name: str, config_path: str | None) -> list[int]:
 STEPS = ("tick", "stage", "check", "publish", "resume", "compact")
 
 
-def run_once(name: str, config_path: str | None = None, spark=None, now: int | None = None,
+def run_once(name: str, runtime: Where = None, spark=None, now: int | None = None,
              steps: tuple[str, ...] = STEPS) -> dict:
     """Every step in order, in this process (what the DAG does, without Airflow); ``steps``: only those (in
     :data:`STEPS`' order), e.g. the steps before the one a test runs in a process of its own."""
-    calls = {"tick": lambda: tick(name, config_path, now, spark), "stage": lambda: stage(name, config_path, spark),
-             "check": lambda: check(name, config_path, spark), "publish": lambda: publish(name, config_path, spark),
-             "resume": lambda: resume(name, config_path), "compact": lambda: compact(name, config_path, now, spark)}
     unknown = set(steps) - set(STEPS)
     if unknown:
         raise ValueError(f"{name}: no such step {sorted(unknown)} (the steps: {', '.join(STEPS)})")
+    runtime = Runtime.of(runtime, spark)
+    calls = {"tick": lambda: tick(name, runtime, now), "stage": lambda: stage(name, runtime),
+             "check": lambda: check(name, runtime), "publish": lambda: publish(name, runtime),
+             "resume": lambda: resume(name, runtime), "compact": lambda: compact(name, runtime, now)}
     done = {}
     for step in (s for s in STEPS if s in steps):
         done[step] = calls[step]()

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import offsets
-from .config import Config, load_config
 from .engine import RemapError, timestamp_resumption_frontier
-from .pipeline import open_source
+from .runtime import Runtime, Where
 from .sources import source_class
 
 
@@ -48,25 +47,26 @@ def _window(name: str, tables, remap) -> Readable:
     return Readable(name, tables.since(), timestamp_resumption_frontier(remap.upper, tables.reclocked_upper()))
 
 
-def readable(name: str, config_path: str | None = None) -> Readable:
-    with open_source(name, config_path, connect=False) as ctx:
+def readable(name: str, runtime: Where = None) -> Readable:
+    with Runtime.of(runtime).source(name, connect=False) as ctx:
         return _window(name, ctx.tables, ctx.tables.read_remap())
 
 
-def common_readable(names: list[str], config_path: str | None = None) -> tuple[int, int]:
+def common_readable(names: list[str], runtime: Where = None) -> tuple[int, int]:
     """The window ``[since, upper)`` in which every named source is readable."""
-    windows = [readable(n, config_path) for n in names]
+    runtime = Runtime.of(runtime)
+    windows = [readable(n, runtime) for n in names]
     return max(w.since for w in windows), min(w.upper for w in windows)
 
 
-def register_as_of(spark, t: int, names: list[str] | None = None, config_path: str | None = None) -> dict[str, int]:
+def register_as_of(spark, t: int, names: list[str] | None = None, runtime: Where = None) -> dict[str, int]:
     """Register ``<name>`` and ``<name>_progress`` temp views as of IntoTime ``t``; returns row counts."""
     from pyspark.sql import functions as F
 
-    config: Config = load_config(config_path)
+    runtime = Runtime.of(runtime)
     counts = {}
-    for name in names or list(config.sources):
-        with open_source(name, config_path, connect=False) as ctx:
+    for name in names or list(runtime.config.sources):
+        with runtime.source(name, connect=False) as ctx:
             remap = ctx.tables.read_remap()
             window = _window(name, ctx.tables, remap)
             window.check(t)
@@ -122,36 +122,34 @@ def _register_typed(df, contents, name: str, column: str) -> None:
             view_name(name, r["table"]))
 
 
-def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, config_path: str | None = None):
+def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, runtime: Where = None):
     """Run Spark SQL over the named sources as of IntoTime ``t``."""
-    register_as_of(spark, t, names, config_path)
+    register_as_of(spark, t, names, runtime)
     return spark.sql(sql)
 
 
 AS_OF_COLUMN = "as_of"
 
 
-def publish_as_of(target: str, sql: str, names: list[str], config_path: str | None = None, spark=None) -> dict:
+def publish_as_of(target: str, sql: str, names: list[str], runtime: Where = None, spark=None) -> dict:
     """Run ``sql`` over ``names`` AS OF the latest IntoTime all of them can answer, ``t = upper - 1`` of
     :func:`common_readable`, and write its rows, with a column ``as_of = t``, to the Delta table
     ``<warehouse>/<target>``: the rows of an earlier run at the same ``t`` are replaced (a rerun is
     idempotent), those of other times are kept.  ``{"as_of": None}`` when no IntoTime is readable in all."""
     from pyspark.sql import functions as F
 
-    from .spark_session import get_spark
-    from .warehouse import Warehouse, is_delta_table
+    from .warehouse import is_delta_table
 
-    config = load_config(config_path)
-    if target in config.sources:
+    runtime = Runtime.of(runtime, spark)
+    if target in runtime.config.sources:
         raise QueryError(f"{target} is a source: the AS OF result needs another name")
-    since, upper = common_readable(names, config_path)
+    since, upper = common_readable(names, runtime)
     if upper <= max(since, 0):
         return {"target": target, "as_of": None, "rows": 0, "why": f"no IntoTime is readable in all of {names}"}
     t = upper - 1
-    spark = spark or get_spark(config.spark_master, f"reclock-as-of-{target}", s3=config.warehouse.startswith("s3"),
-                               conf=config.spark_conf, remote=config.spark_remote)
-    rows = query_as_of(spark, sql, t, names, config_path).withColumn(AS_OF_COLUMN, F.lit(t).cast("long"))
-    uri = Warehouse(config.warehouse, config.storage_options).spark_uri(target)
+    spark = runtime.spark(f"reclock-as-of-{target}")
+    rows = query_as_of(spark, sql, t, names, runtime).withColumn(AS_OF_COLUMN, F.lit(t).cast("long"))
+    uri = runtime.warehouse.spark_uri(target)
     writer = rows.write.format("delta")
     if is_delta_table(spark, uri):
         writer = writer.mode("overwrite").option("replaceWhere", f"{AS_OF_COLUMN} = {t}")
@@ -163,29 +161,29 @@ def publish_as_of(target: str, sql: str, names: list[str], config_path: str | No
 # --- without a JVM: DuckDB over the published tables ------------------------------------------------------------
 
 
-def spark_needed(names: list[str], config_path: str | None = None) -> str | None:
+def spark_needed(names: list[str], runtime: Where = None) -> str | None:
     """Why the sources ``names`` can only be queried through Spark (a typed view per upstream table, built by
     Spark SQL: :mod:`reclock.pg_types`), or None."""
-    config = load_config(config_path)
+    config = Runtime.of(runtime).config
     typed = [n for n in names if getattr(source_class(config.source(n).kind), "table_columns", None)]
     return (f"{', '.join(typed)}: the typed views of its upstream tables are Spark's (query with --engine spark)"
             if typed else None)
 
 
-def duckdb_as_of(t: int, names: list[str] | None = None, config_path: str | None = None, con=None):
+def duckdb_as_of(t: int, names: list[str] | None = None, runtime: Where = None, con=None):
     """A DuckDB connection (``con``, or a new in-memory one) with the views ``<name>`` and ``<name>_progress`` of
     every named source as of IntoTime ``t`` (those of :func:`register_as_of` but the typed ones), after the same
     checks; ``(con, counts)``."""
     import duckdb
 
-    config: Config = load_config(config_path)
-    names = names or list(config.sources)
-    if problem := spark_needed(names, config_path):
+    runtime = Runtime.of(runtime)
+    names = names or list(runtime.config.sources)
+    if problem := spark_needed(names, runtime):
         raise QueryError(problem)
     con = con if con is not None else duckdb.connect()
     counts = {}
     for name in names:
-        with open_source(name, config_path, connect=False) as ctx:
+        with runtime.source(name, connect=False) as ctx:
             counts[name] = _duckdb_source(con, name, t, ctx)
     return con, counts
 
@@ -229,8 +227,8 @@ def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def query_as_of_duckdb(sql: str, t: int, names: list[str] | None = None, config_path: str | None = None) -> Any:
+def query_as_of_duckdb(sql: str, t: int, names: list[str] | None = None, runtime: Where = None) -> Any:
     """Run DuckDB SQL over the named sources as of IntoTime ``t`` with no JVM (:func:`duckdb_as_of`); an Arrow
     table."""
-    con, _ = duckdb_as_of(t, names, config_path)
+    con, _ = duckdb_as_of(t, names, runtime)
     return con.sql(sql).to_arrow_table()

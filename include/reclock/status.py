@@ -14,15 +14,15 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from .config import load_config
 from .progress import collect_sources
+from .runtime import Runtime, Where
 
 FIELDS = ("source", "since", "remap_upper", "reclocked_upper", "bound_frontier", "upstream_frontier", "lag_offsets")
 
 
-def status(config_path: str | None = None) -> list[dict]:
+def status(runtime: Where = None) -> list[dict]:
     """One row per configured source."""
-    return [status_row(progress) for progress in collect_sources(load_config(config_path))]
+    return [status_row(progress) for progress in collect_sources(Runtime.of(runtime).config)]
 
 
 def status_row(progress: dict[str, Any]) -> dict[str, Any]:

@@ -43,12 +43,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from .config import NAME_RE, load_config
+from .config import NAME_RE
 from .engine.transactions import (
     END, DataEvent, PublishedId, PublishedTx, TempRecord, TransactionError, TxEvent, TxState,
     batches, fold_with_updates,
 )
-from .pipeline import open_source
+from .runtime import Runtime, Where
 from .warehouse import (
     RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, append, app_version, arrow_schema,
     create_table, read_rows, same_columns, schema_diff, spark_frame, txn_table_uri,
@@ -230,12 +230,12 @@ class TxnTables:
 # --- the step ---------------------------------------------------------------------------------------
 
 
-def publish_transactions(name: str, data_source: str, tx_source: str, config_path: str | None = None,
+def publish_transactions(name: str, data_source: str, tx_source: str, runtime: Where = None,
                          spark=None) -> dict:
     """Process every IntoTime up to the least reclocked upper of both sources; idempotent, restartable."""
-    config = load_config(config_path)
-    with open_source(data_source, config_path, connect=False, spark=spark or True) as data_ctx, \
-            open_source(tx_source, config_path, connect=False, spark=data_ctx.spark) as tx_ctx:
+    runtime = Runtime.of(runtime, spark)
+    with runtime.source(data_source, connect=False, create=True) as data_ctx, \
+            runtime.source(tx_source, connect=False, create=True) as tx_ctx:
         data_tables, tx_tables = data_ctx.tables, tx_ctx.tables
         data_schema = data_tables.schemas["reclocked"]
         if data_schema != tx_tables.schemas["reclocked"]:
@@ -244,7 +244,7 @@ def publish_transactions(name: str, data_source: str, tx_source: str, config_pat
         if "value" not in data_tables.data_columns:
             raise WarehouseError(f"{data_source}: Debezium records need a 'value' column")
         partition_type = data_schema.field("partition").type
-        txn = TxnTables(Warehouse(config.warehouse, config.storage_options), name, partition_type,
+        txn = TxnTables(runtime.warehouse, name, partition_type,
                         pa.schema([data_schema.field(c) for c in data_tables.data_columns]), data_ctx.spark)
         temp_v, out_v = txn.temp_version(), txn.output_version()
         if out_v < temp_v:

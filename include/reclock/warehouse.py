@@ -320,11 +320,12 @@ class Warehouse:
         return _spark_uri(self.source_uri(name))
 
     def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
-               offset_type: pa.DataType = offsets.INT64, spark=None) -> "SourceTables":
-        """The tables of source ``name``; with a Spark session, created on first use (schema checked otherwise)."""
+               offset_type: pa.DataType = offsets.INT64, spark=None, create: bool | None = None) -> "SourceTables":
+        """The tables of source ``name`` (``spark``: see :class:`SourceTables`); ``create`` (default: whether a
+        ``spark`` is given): created when missing, with Spark; the schemas of those that exist are checked."""
         tables = SourceTables(self.source_uri(name), partition_type, data_schema, self.storage_options,
                               offset_type=offset_type, spark=spark)
-        if spark is not None:
+        if create if create is not None else spark is not None:
             tables.create_if_absent()
         else:
             tables.check_schemas()
@@ -334,7 +335,9 @@ class Warehouse:
 class SourceTables:
     """The remap and reclocked Delta tables of one source.
 
-    Writes need the Spark session given as ``spark``; the light reads (versions, remap) do not.
+    Writes with Spark need the session given as ``spark``: a session, or a function returning one, called
+    the first time a write needs it (so that a step whose writes are all delta-rs commits starts no Spark);
+    the light reads (versions, remap) need none.
     """
 
     def __init__(self, uri: str, partition_type: pa.DataType, data_schema: pa.Schema,
@@ -355,6 +358,8 @@ class SourceTables:
     def spark(self):
         if self._spark is None:
             raise WarehouseError(f"{self.uri}: writing Delta tables needs a Spark session (none was opened)")
+        if callable(self._spark):
+            self._spark = self._spark()
         return self._spark
 
     # --- tables -------------------------------------------------------------------------
@@ -878,8 +883,6 @@ class SourceTables:
         before are in already), as a compare-and-append, so none is added twice.  Staged files without rows (the
         footers say so; most batches have no bad record) commit nothing: a later batch's dead letters all lie
         after the app's version anyway."""
-        from pyspark.sql import functions as F
-
         files = self._staged_dead_letter_files(fs, attempt)
         if files is None:
             return
@@ -890,6 +893,8 @@ class SourceTables:
         done = app_version(dt, DEAD_LETTER_APP, -1)
         if done >= upto:
             return
+        from pyspark.sql import functions as F
+
         staged = self._read_staged_files("dead_letter", files).where(F.col("into_time") > done)
         compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
                            upto, _max_into_time(dt))

@@ -28,6 +28,7 @@ from ..engine.cdcv2 import Progress, encode, from_json, to_json
 from ..sources.base import Source
 from ..sources.cdcv2 import FINISHED, open_transport, transport_texts
 from ..sources.files import FileSource
+from ..runtime import Runtime, Where
 from ..warehouse import RECLOCKED_APP, SourceTables, app_version
 
 
@@ -120,9 +121,7 @@ def write_cdcv2(tables: SourceTables, to: str | Mapping[str, Any], batch_size: i
         transport.close()
 
 
-def sink_cdcv2(name: str, to: str | Mapping[str, Any], config_path: str | None = None, **kwargs: Any) -> dict:
+def sink_cdcv2(name: str, to: str | Mapping[str, Any], runtime: Where = None, **kwargs: Any) -> dict:
     """:func:`write_cdcv2` for the configured source ``name``."""
-    from ..pipeline import open_source
-
-    with open_source(name, config_path) as ctx:
+    with Runtime.of(runtime).source(name) as ctx:
         return write_cdcv2(ctx.tables, to, **kwargs)
