@@ -16,13 +16,13 @@ setup: $(STAMP) $(KINESIS)/node_modules/.installed
 	bash jvm/fetch-jars.sh $(BIN)/python
 
 # The Kinesis-compatible server for the tests and the demo (kinesis-local), exactly as locked.
-$(KINESIS)/node_modules/.installed: $(KINESIS)/package.json $(KINESIS)/package-lock.json include/system-packages.sh
-	bash include/system-packages.sh
+$(KINESIS)/node_modules/.installed: $(KINESIS)/package.json $(KINESIS)/package-lock.json devtools/system-packages.sh
+	bash devtools/system-packages.sh
 	cd $(KINESIS) && npm ci --no-audit --no-fund
 	touch $@
 
-$(STAMP): requirements.txt requirements-runtime.txt pyproject.toml include/system-packages.sh
-	bash include/system-packages.sh
+$(STAMP): requirements.txt requirements-runtime.txt pyproject.toml devtools/system-packages.sh
+	bash devtools/system-packages.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt  # runtime (requirements-runtime.txt) and test tools

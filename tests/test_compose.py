@@ -386,7 +386,7 @@ def test_versions_agree_with_the_poms_and_pins(svc):
 
 RUNTIME = REPO / "requirements-runtime.txt"
 #: requirements.txt's own packages: the test runner, the docs site's and the import rules' (lint-imports).
-TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material", "import-linter"}
+TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material", "import-linter", "setuptools"}
 
 
 def requirement_names(path: Path) -> set[str]:

@@ -11,7 +11,10 @@ import yaml
 
 from reclock import sources
 from reclock import cli
-from reclock.config import DEFAULT_PATH, SCHEMA_PATH, ConfigError, config_schema, config_schema_text, load_config
+from reclock.config import DEFAULT_PATH, ConfigError, config_schema, config_schema_text, load_config
+
+#: The JSON schema of the sources file in the docs, for editors (``reclock config-schema`` prints it).
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "sources.schema.json"
 
 GOOD = {
     "warehouse": "var/warehouse",

@@ -2,7 +2,7 @@
 (and the batch's dead letters, for a source with ``on_bad_record: dead_letter``; and for sources whose records
 are diffs, the consolidated history).
 
-Each check kind is one GX suite of the project (``include/gx/expectations/<kind>.json``), run through its
+Each check kind is one GX suite of the project (``include/reclock/gx/expectations/<kind>.json``), run through its
 checkpoint in the source's GX file Data Context (:mod:`reclock.gx_context`), whose Data Docs show every run.
 What GX validates is small:
 

@@ -63,9 +63,9 @@ from pydantic_core import PydanticCustomError
 
 from .sources import ON_BAD_RECORD, SourceError, SourceKind, dead_letter_problem, source_kind, source_kinds, source_options
 
+#: The demo's sources file, beside the package in a checkout (``include/sources.yaml``); an installed reclock has
+#: none, and is given its file (``--config``, ``$RECLOCK_CONFIG``).
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "sources.yaml"
-#: The JSON schema of the sources file, for editors (``reclock config-schema`` prints it).
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "sources.schema.json"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 HOUR_MS = 3600 * 1000
 #: A ``transactions`` schedule: run when every one of its sources has published (their Airflow Assets).
@@ -485,8 +485,12 @@ def config_schema_text() -> str:
 # --- loading -----------------------------------------------------------------------------------------------------
 
 def config_path(path: str | os.PathLike | None = None) -> Path:
-    """The file to read: ``path``, else ``$RECLOCK_CONFIG``, else ``include/sources.yaml``."""
-    return Path(path or os.environ.get("RECLOCK_CONFIG") or DEFAULT_PATH).resolve()
+    """The file to read: ``path``, else ``$RECLOCK_CONFIG``, else ``include/sources.yaml`` of a checkout."""
+    given = path or os.environ.get("RECLOCK_CONFIG")
+    if not given and not DEFAULT_PATH.exists():
+        raise ConfigError("no sources file: give one with --config or $RECLOCK_CONFIG (an installed reclock has no "
+                          "default file)")
+    return Path(given or DEFAULT_PATH).resolve()
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:

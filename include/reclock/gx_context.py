@@ -1,6 +1,6 @@
 """reclock's Great Expectations Data Context: suites in the repository, stores and Data Docs per source.
 
-The project (``include/gx/``) holds ``great_expectations.yml`` and one suite per check kind
+The project (``reclock/gx/``, package data) holds ``great_expectations.yml`` and one suite per check kind
 (``expectations/<kind>.json``: remap, reclocked, reclocked_keys, dead_letter, history, primary_key), whose
 run-time values (the pending window's bounds) are GX suite parameters (``{"$PARAMETER": "remap_upper"}``) given
 with each run.  The repository is never written by a run: each source has its own runtime context root::
@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.resources
 import json
 import logging
 import os
@@ -46,7 +47,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-PROJECT = Path(__file__).resolve().parents[1] / "gx"  # include/gx: the suites and the context's template
+PROJECT = importlib.resources.files("reclock") / "gx"  # package data: the suites and the context's template
 CONFIG = "great_expectations.yml"
 SUITES = "expectations"
 SITE = "local_site"
@@ -70,7 +71,7 @@ def root_of(source_uri: str, source: str) -> str:
 
 
 def suite_names() -> list[str]:
-    return sorted(p.stem for p in (PROJECT / SUITES).glob("*.json"))
+    return sorted(p.name.removesuffix(".json") for p in _suites())
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Context:
             except Exception as e:  # noqa: BLE001 - e.g. a config half written by a killed run
                 log.warning("%s: GX context %s unreadable (%s); its config is made again from the project", source,
                             self.root, e)
-                shutil.copyfile(PROJECT / CONFIG, os.path.join(self.root, CONFIG))  # data sources are added again
+                _replace(os.path.join(self.root, CONFIG), (PROJECT / CONFIG).read_bytes())  # data sources are added again
                 self.gx = gx.get_context(mode="file", context_root_dir=self.root)
         self._checkpoints: dict[str, Any] = {}
         self._pending_docs: list | None = None  # inside docs_once: the resources whose pages are still to build
@@ -257,14 +258,14 @@ def _install(root: str) -> None:
     was copied; GX saves a copied suite with ids of its own, which stay while the repository's is the same)."""
     os.makedirs(os.path.join(root, SUITES), exist_ok=True)
     if not os.path.exists(os.path.join(root, CONFIG)):
-        shutil.copyfile(PROJECT / CONFIG, os.path.join(root, CONFIG))
+        _replace(os.path.join(root, CONFIG), (PROJECT / CONFIG).read_bytes())
     marker = os.path.join(root, INSTALLED)
     try:
         installed = json.loads(Path(marker).read_text())
     except (OSError, ValueError):  # none yet, or half written: every suite is copied again
         installed = {}
     hashes = {suite.name: hashlib.sha256(suite.read_bytes()).hexdigest()
-              for suite in (PROJECT / SUITES).glob("*.json")}
+              for suite in _suites()}
     changed = False
     for name, digest in hashes.items():
         target = os.path.join(root, SUITES, name)
@@ -273,6 +274,11 @@ def _install(root: str) -> None:
             changed = True
     if changed:
         _replace(marker, json.dumps(hashes, indent=1, sort_keys=True).encode())
+
+
+def _suites() -> list:
+    """The project's suites (package data: one ``expectations/<kind>.json`` per check kind)."""
+    return [p for p in (PROJECT / SUITES).iterdir() if p.name.endswith(".json")]
 
 
 def _replace(path: str, content: bytes) -> None:
