@@ -16,7 +16,8 @@ from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resum
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
                               released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
 from .runtime import Runtime, SourceContext, Where
-from .sources.base import SourceError, identity_of, released_frontier, starting_frontier
+from .sources.base import (LandsTicks, PrimaryKeys, Snapshotting, SourceError, TableColumns, Truncating, identity_of,
+                           offers, released_frontier, starting_frontier)
 from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, txn_processed_upto
 
 log = logging.getLogger("reclock")
@@ -90,8 +91,7 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
     open until the landing commits, so a racing first tick cannot drop the slot under it: it fails.
     """
     landed = ctx.tables.landed()
-    export = getattr(ctx.source, "export_snapshot", None)
-    if export is None or not getattr(ctx.source, "snapshot", False) or landed.partitions or remap.upper > 0:
+    if not offers(ctx.source, Snapshotting) or not ctx.source.snapshot or landed.partitions or remap.upper > 0:
         return landed
     if ctx.source.started():
         log.warning("%s: %r has a slot but its initial snapshot never landed (a first tick killed while copying): "
@@ -99,7 +99,7 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
         ctx.source.drop_slot()
     from .spark_source import read_ranges_python
 
-    with export() as snapshot:
+    with ctx.source.export_snapshot() as snapshot:
         ranges = [(0, partition, 0, upper) for partition, upper in snapshot.uppers.items()]
         log.info("%s: landing the initial snapshot of %r at its consistent point: %s", name, ctx.source,
                  ", ".join(f"{p} ({u >> 16} blocks)" for p, u in snapshot.uppers.items()) or "no rows")
@@ -113,7 +113,7 @@ def _land_tick(name: str, ctx: SourceContext, remap: Remap, record: UpstreamReco
     sample): take its new records (``source.take``) and land them in one idempotent commit with the state the
     source keeps between ticks; the uppers of every landed partition.  A replaced upstream is refused first,
     so nothing of it is landed."""
-    if not getattr(ctx.source, "lands_ticks", False):
+    if not offers(ctx.source, LandsTicks):
         return landed
     if other := identity_problems(record.identity, identity_of(ctx.source)):
         raise SourceError(f"{name} ({ctx.source!r}): the upstream is not the stream remap has bound: "
@@ -146,7 +146,8 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
     if here:
         df = ctx.tables.read_landed(here, spark) if df is None else \
             df.unionByName(ctx.tables.read_landed(here, spark))
-    truncates, column = getattr(ctx.source, "truncates", False), getattr(ctx.source, "table_columns", None)
+    truncates = offers(ctx.source, Truncating)
+    column = ctx.source.table_columns if offers(ctx.source, TableColumns) else None
     if not ranges or not (truncates or column):
         return df
     before = ctx.tables.read_reclocked_spark(spark).where(f"into_time < {int(min(r[0] for r in ranges))}")
@@ -156,7 +157,7 @@ def read_bound(ctx: SourceContext, ranges, spark=None):
 
         df = df.localCheckpoint(eager=True)
         resynced = resynced_tables(df)
-        df = expand_truncates(df, before, getattr(ctx.source, "snapshot_lsn", None))
+        df = expand_truncates(df, before, ctx.source.snapshot_lsn)
     if column:  # a table's columns changed: follow an added column, refuse what cannot be followed (a table
         # started over from a new epoch's snapshot has no earlier columns to follow)
         from pyspark.sql import functions as F
@@ -173,13 +174,11 @@ def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None
 
     from .pg_types import column_history, schema_changes
 
-    label = getattr(ctx.source, "spark_offset_label", None)
     where = F.when(F.col("partition") != "", F.concat(F.lit("the initial snapshot "), F.col("partition"))) \
-        .otherwise(label() if label else F.col("offset").cast("string"))
+        .otherwise(ctx.source.spark_offset_label())
     added, problems = schema_changes(column_history(batch, before, where, column))
-    filled = getattr(ctx.source, "filled_columns", None)
     for table, name, at in added:
-        if filled and filled(table, [name]):
+        if ctx.source.filled_columns(table, [name]):
             problems.append(f"{table}: column {name!r} was added at {at} with a default that filled the rows already "
                             "there (Postgres wrote no change of them)")
     if problems:
@@ -261,7 +260,7 @@ def new_epoch(name: str, runtime: Where = None, spark=None, drop_slot: bool = Fa
         where = f"{name} ({ctx.upstream!r}): no new epoch begun, nothing written"
         if record is None or not remap.bindings:
             raise SourceError(f"{where}: nothing is bound yet (its first tick starts it on the current upstream)")
-        if getattr(ctx.upstream, "export_snapshot", None) is not None:
+        if offers(ctx.upstream, Snapshotting):
             return _new_snapshot_epoch(name, ctx, remap, record, drop_slot)
         if drop_slot:
             raise SourceError(f"{where}: --drop-slot is for sources with a replication slot, not {ctx.upstream!r}")
@@ -425,8 +424,8 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
         records, dead_letters = split_bad_records(df, name)
         if dead_letters is not None:  # both read the batch: once from the upstream
             df.persist()
-        keys = getattr(ctx.upstream, "primary_keys", None)  # for the checks, which do not contact the upstream
-        try:
+        keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
+        try:  # do not contact the upstream
             rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
@@ -490,14 +489,14 @@ def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) 
     if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
         results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
     if not ctx.config.offsets_unique:  # records are diffs
-        label = getattr(ctx.source, "spark_offset_label", None)
+        label = ctx.source.spark_offset_label() if offers(ctx.source, TableColumns) else None
         published = ctx.tables.read_reclocked_spark()
         results["history"] = check_consolidated(
             published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
-            label() if label else None, gx=gx)
-        if hasattr(ctx.source, "primary_keys"):
+            label, gx=gx)
+        if offers(ctx.source, PrimaryKeys):
             keys = (ctx.tables.staged_metadata(upto) or {}).get("primary_keys")
-            results["primary_key"] = check_primary_keys(published, batch, keys, label() if label else None, gx=gx)
+            results["primary_key"] = check_primary_keys(published, batch, keys, label, gx=gx)
     return results
 
 

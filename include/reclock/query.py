@@ -21,6 +21,7 @@ from . import offsets
 from .engine import RemapError, timestamp_resumption_frontier
 from .runtime import Runtime, Where
 from .sources import source_class
+from .sources.base import TableColumns, offers
 
 
 class QueryError(ValueError):
@@ -87,8 +88,8 @@ def register_as_of(spark, t: int, names: list[str] | None = None, runtime: Where
                 raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
             contents = contents.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).drop("_n", "_i")
             contents.createOrReplaceTempView(name)
-            if column := getattr(ctx.source, "table_columns", None):
-                _register_typed(df, contents, name, column)
+            if offers(ctx.source, TableColumns):
+                _register_typed(df, contents, name, ctx.source.table_columns)
             offset_type = ctx.tables.offset_type
             progress = _progress_rows(remap, t, offset_type)
             schema = f"into_time long, partition string, offset {offsets.sql_type(offset_type)}"
@@ -165,7 +166,7 @@ def spark_needed(names: list[str], runtime: Where = None) -> str | None:
     """Why the sources ``names`` can only be queried through Spark (a typed view per upstream table, built by
     Spark SQL: :mod:`reclock.pg_types`), or None."""
     config = Runtime.of(runtime).config
-    typed = [n for n in names if getattr(source_class(config.source(n).kind), "table_columns", None)]
+    typed = [n for n in names if offers(source_class(config.source(n).kind), TableColumns)]
     return (f"{', '.join(typed)}: the typed views of its upstream tables are Spark's (query with --engine spark)"
             if typed else None)
 

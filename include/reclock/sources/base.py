@@ -92,6 +92,78 @@ class Source(Protocol):
         """Release connections."""
 
 
+# --- capabilities: what some sources offer beyond :class:`Source` -------------------------------------------------
+#
+# A step asks ``offers(source, Capability)`` (the adapter, or its class for a source opened without connecting) and
+# then uses the capability's members; a source kind offers one by defining every member the protocol names.
+
+
+class Snapshotting(Protocol):
+    """A source that serves its first records only once, at its first tick (a Postgres source's initial snapshot,
+    read under a snapshot that dies with its connection): the first tick lands them in the warehouse."""
+
+    #: Whether this source takes the initial snapshot (an option of the source).
+    snapshot: bool
+
+    def export_snapshot(self):
+        """A context manager of the exported snapshot: ``.uppers`` (partition -> upper) and ``.spec`` (how Spark
+        workers read under it); the snapshot stays valid until it exits."""
+
+    def started(self) -> bool:
+        """Whether the source's position upstream exists (the slot)."""
+
+    def drop_slot(self) -> None:
+        """Remove the source's position upstream (a first tick killed while copying left it)."""
+
+
+class LandsTicks(Protocol):
+    """A source with no high watermark to sample (Kinesis): each tick takes what it can read and lands it; bound
+    ranges are then read from the landing table."""
+
+    lands_ticks: bool
+
+    def take(self, landed: Frontier, bound: Frontier, state: dict):
+        """The records after ``landed`` (``.records``, ``.uppers``, ``.state``), given the source's ``state``."""
+
+
+class Truncating(Protocol):
+    """A source whose records include TRUNCATE markers (:mod:`reclock.truncate`): reads expand them into the
+    retractions of what the table held."""
+
+    truncates: bool
+
+    def snapshot_lsn(self, partition: str) -> int | None:
+        """The LSN a snapshot partition was taken at (None for a change partition)."""
+
+
+class TableColumns(Protocol):
+    """A source whose records carry each table's columns (Postgres): staging refuses a change of them that the
+    stored rows cannot follow, and AS OF queries get a typed view per table (:mod:`reclock.pg_types`)."""
+
+    #: The data column holding a record's table columns.
+    table_columns: str
+
+    def spark_offset_label(self):
+        """A Spark Column spelling a record's offset as the upstream does (for check reports)."""
+
+    def filled_columns(self, table: str, columns) -> list[str]:
+        """Of ``columns`` of ``table``, those added with a default that filled the rows already there."""
+
+
+class PrimaryKeys(Protocol):
+    """A source that knows its tables' primary keys (staged with a batch, for the checks)."""
+
+    def primary_keys(self, tables=None) -> dict[str, list[str]]:
+        """``{"schema.name": [column, ...]}`` of the source's tables that have one."""
+
+
+def offers(source: Any, capability: type) -> bool:
+    """Whether ``source`` (an adapter, or its class) has every member of the ``capability`` protocol."""
+    members = set(getattr(capability, "__annotations__", {})) | {
+        name for name, value in vars(capability).items() if callable(value) and not name.startswith("_")}
+    return all(hasattr(source, member) for member in members)
+
+
 def _optional(source: Source, method: str, fallback):
     """``source.<method>()`` when the source has that optional method, else ``fallback()``."""
     call = getattr(source, method, None)

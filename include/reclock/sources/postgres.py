@@ -148,6 +148,8 @@ class PostgresSource:
     max_task_offsets = 256 << _TID_SHIFT
     #: Yields TRUNCATE markers (reclock.truncate): what reads them must expand them.
     truncates = True
+    #: The first tick lands the initial snapshot (the ``snapshot`` option; reclock.sources.base.Snapshotting).
+    snapshot = True
     #: The data column holding each record's table columns: staging refuses a change it cannot follow and
     #: AS OF queries get a typed view per table (reclock.pg_types).
     table_columns = "columns"
