@@ -128,10 +128,15 @@ def test_racing_runs_end_cleanly(kafka_broker, spark, spark_connect, source):
         outputs = [(p.wait(timeout=600), p.stdout.read().decode(errors="replace")) for p in procs]
         for code, output in outputs:
             errors = [line for line in output.splitlines() if line.startswith("reclock: error:")]
-            assert code == 0 or (code == 2 and len(errors) == 1 and "orders" in errors[0]), output[-3000:]
-            assert "Traceback" not in output, output[-3000:]
+            assert code == 0 or (code == 2 and len(errors) == 1 and "orders" in errors[0]), _ends(output)
+            assert "Traceback" not in output, _ends(output)
         assert_sound(config)
     assert_reclocked_is_replay("orders", config, spark)
+
+
+def _ends(output: str) -> str:
+    """A failed process's output for the assertion: its first lines (the Python traceback) and its last ones."""
+    return output if len(output) <= 6000 else f"{output[:3000]}\n...\n{output[-3000:]}"
 
 
 #: A publishing run whose window a tick moved between its stage and its publish refuses with one of these, and
@@ -206,3 +211,37 @@ def test_a_clock_stepped_back_binds_at_the_upper(kafka_broker, spark, source, mo
     assert "the wall clock 20000 is behind the remap upper 50001" in caplog.text
     assert_sound(config)
     assert_reclocked_is_replay("orders", config, spark)
+
+
+class _Published:
+    """The tables of a source as :func:`reclock.pipeline._unless_published_meanwhile` asks them: the published upper."""
+
+    def __init__(self, upper: int):
+        self.upper = upper
+
+    def reclocked_upper(self) -> int:
+        return self.upper
+
+
+@pytest.mark.parametrize("error, published_upper, raised", [
+    # a racing run published the window (upper 11 > upto 10) and removed this step's staged attempt
+    (FileNotFoundError("attempt-2/part-0.parquet"), 11, ConcurrentWriteError),
+    (Exception("[PATH_NOT_FOUND] Path does not exist: .../upto=10/attempt-2"), 11, ConcurrentWriteError),
+    # the window is not published: the error is this step's own
+    (FileNotFoundError("attempt-2/part-0.parquet"), 10, FileNotFoundError),
+    (Exception("[PATH_NOT_FOUND] Path does not exist"), 0, Exception),
+    # reclock's own errors pass as they are, published or not
+    (pipeline.SourceError("orders: partition 0 at offset 7: not JSON"), 11, pipeline.SourceError),
+    (ConcurrentWriteError("orders: another writer"), 11, ConcurrentWriteError),
+])
+def test_a_step_whose_window_another_run_published_fails_as_that_race(error, published_upper, raised):
+    """Stage, check and publish read or write the staged attempts of their window; a racing run publishing that
+    window removes them underneath: the step then fails with one error naming the source and the race."""
+    ctx = type("Ctx", (), {"tables": _Published(published_upper)})()
+    with pytest.raises(raised) as caught:
+        with pipeline._unless_published_meanwhile("orders", ctx, 10, "check"):
+            raise error
+    if raised is ConcurrentWriteError and not isinstance(error, ConcurrentWriteError):
+        assert str(caught.value).startswith("orders: another run published IntoTimes up to 10 while this check ran")
+    else:
+        assert caught.value is error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 
 from . import points
 from .clock import now_ms
@@ -394,6 +395,29 @@ def staged_window(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
     return (start, staged[-1]) if staged and staged[-1] != upto else window
 
 
+@contextmanager
+def _unless_published_meanwhile(name: str, ctx: SourceContext, upto: int, step: str):
+    """The part of ``step`` that writes or reads the staged attempts of the window up to ``upto``.
+
+    A racing run (a schedule beside a manual run) that publishes this window first removes every staged attempt
+    it did not publish, this step's own too, while this step writes or reads it: whatever error that gives
+    (a vanished file in Spark or in a footer read) is raised as that race, :class:`ConcurrentWriteError` naming
+    the source and the window, with nothing written by this step (its window is published, checked by the
+    run that published it).  An error while the window is still unpublished passes as it is."""
+    try:
+        yield
+    except (ConcurrentWriteError, SourceError):
+        raise
+    except Exception as e:
+        if ctx.tables.reclocked_upper() <= upto:
+            raise
+        log.warning("%s: the %s of IntoTimes up to %d failed (%s: %s) after another run published them", name,
+                    step, upto, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        raise ConcurrentWriteError(f"{name}: another run published IntoTimes up to {upto} while this {step} ran "
+                                   f"(removing the staged attempts it did not publish); this {step} did nothing"
+                                   ) from None
+
+
 def stage(name: str, runtime: Where = None, spark=None) -> dict:
     """Spark step: read every pending binding's offset ranges and stage them as Parquet files.
 
@@ -426,7 +450,10 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             df.persist()
         keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
         try:  # do not contact the upstream
-            rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
+            with _unless_published_meanwhile(name, ctx, upto, "stage"):
+                rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
+        except ConcurrentWriteError:
+            raise
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -467,7 +494,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
             window = staged_window(remap, ctx.tables)
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
-                results.update(_check_batch(ctx, remap, window, gx))
+                with _unless_published_meanwhile(name, ctx, window[1], "check"):
+                    results.update(_check_batch(ctx, remap, window, gx))
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
              "passed" if all(r.success for r in results.values()) else "FAILED",
@@ -522,7 +550,8 @@ def publish(name: str, runtime: Where = None, spark=None) -> dict:
             raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
                                + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
                                + " (run `reclock check` after staging; docs: checks.md)")
-        published = ctx.tables.publish_staged(window[1])
+        with _unless_published_meanwhile(name, ctx, window[1], "publish"):
+            published = ctx.tables.publish_staged(window[1])
         return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 
 

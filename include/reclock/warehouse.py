@@ -847,7 +847,8 @@ class SourceTables:
         ``(published, upto]``.  The commit carries the app transaction ``reclock.reclocked`` = ``upto``: when a
         racing publish committed one since this one read the table, Delta refuses it (:class:`ConcurrentWriteError`,
         nothing written), so no window is added twice.  A batch without rows commits the app transaction alone.
-        Other attempts for ``upto`` (never published) are deleted, and the published one keeps only its data files.
+        Other attempts for ``upto`` (never published) are deleted, and the published one keeps only its data files
+        (a failure there, after the commit, is logged: VACUUM removes what is left).
         """
         dt = self._table_or_none("reclocked")
         published = -1 if dt is None else app_version(dt, RECLOCKED_APP, -1)
@@ -864,13 +865,17 @@ class SourceTables:
         staged = [(info, stats) for info, stats in staged if stats["numRecords"]]  # not a file without rows
         self._publish_dead_letters(fs, attempt, upto)
         _commit_added(dt, [_add_action(info, stats, "reclocked") for info, stats in staged], RECLOCKED_APP, upto)
-        for other in attempts:  # never published
-            if other != attempt:
-                fs.delete_dir(other)
-        if staged:
-            _drop_staging_leftovers(fs, attempt, [info.base_name for info, _ in staged])
-        else:
-            fs.delete_dir(_upto_dir(upto))
+        try:  # published: what is left to remove never fails the publish (VACUUM removes it otherwise)
+            for other in attempts:  # never published
+                if other != attempt:
+                    fs.delete_dir(other)
+            if staged:
+                _drop_staging_leftovers(fs, attempt, [info.base_name for info, _ in staged])
+            else:
+                fs.delete_dir(_upto_dir(upto))
+        except OSError as e:  # e.g. a racing stage writing an attempt of this window meanwhile
+            log.warning("%s: published IntoTimes up to %d; removing the other staged attempts failed (%s): VACUUM "
+                        "removes them", self.uri, upto, e)
         return True
 
     def _read_staged_files(self, kind: Kind, files: list[pafs.FileInfo]):
