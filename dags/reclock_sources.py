@@ -2,6 +2,8 @@
 
 ``reclock_<name>``: tick >> reclock (spark-submit spark_jobs/reclock_job.py) >> check >> publish
 >> resume >> compact.  A config error is raised at import, so it shows in the DAG import errors.
+A task process builds only the DAG of its task (Airflow's ``get_parsing_context``), the whole file parse all of
+them.
 
 With a long-lived Spark (the config's ``spark.remote``, a Spark Connect server: docs/operations/spark.md) no
 task starts a JVM: ``reclock`` (and a backfill's ``replay``) is a Python task like the others, running
@@ -52,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, task
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, Param, get_parsing_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import ASSETS, Config, ConfigError, SourceConfig, TransactionsConfig, load_config
@@ -218,7 +220,7 @@ def replay_task(config: Config, source: SourceConfig):
 def build_dag(config: Config, source: SourceConfig) -> DAG:
     name, config_path = source.name, str(config.path)
     with reclock_dag(
-        f"reclock_{name}", source.schedule, source.start_date,
+        source_dag_id(name), source.schedule, source.start_date,
         doc_md=(f"### Reclock `{name}` ({source.kind})\n\n"
                 f"Reclocks `{name}` onto IntoTime and publishes the Delta tables `{name}/remap` and "
                 f"`{name}/reclocked` under `{config.warehouse}`.\n\n"
@@ -254,7 +256,7 @@ def build_backfill_dag(config: Config, source: SourceConfig) -> DAG:
     """``reclock_backfill_<name>``: backfill runs replay their data interval's IntoTimes (see the module doc)."""
     name = source.name
     with reclock_dag(
-        f"reclock_backfill_{name}", CronDataIntervalTimetable(BACKFILL_SCHEDULE, timezone="UTC"), BACKFILL_START,
+        backfill_dag_id(name), CronDataIntervalTimetable(BACKFILL_SCHEDULE, timezone="UTC"), BACKFILL_START,
         tags=("backfill",),
         params={"backfill_mode": Param("verify", enum=["verify", "repair"],
                                        description="verify: compare the replay with the published rows; "
@@ -282,7 +284,7 @@ def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
     schedule = ([reclocked_asset(config, txn.data_source), reclocked_asset(config, txn.tx_source)]
                 if txn.schedule == ASSETS else txn.schedule)
     with reclock_dag(
-        f"reclock_txn_{txn.name}", schedule, txn.start_date,
+        transactions_dag_id(txn.name), schedule, txn.start_date,
         doc_md=(f"### Debezium transactions `{txn.name}`\n\nData source `{txn.data_source}`, transaction "
                 f"source `{txn.tx_source}`; writes `{txn.name}_txn_output` and `{txn.name}_txn_temp` under "
                 f"`{config.warehouse}`. A transaction is published once complete and after every earlier one. "
@@ -297,7 +299,26 @@ def build_transactions_dag(config: Config, txn: TransactionsConfig) -> DAG:
     return dag
 
 
-def build_all(config: Config) -> dict[str, DAG]:
+def source_dag_id(name: str) -> str:
+    return f"reclock_{name}"
+
+
+def backfill_dag_id(name: str) -> str:
+    return f"reclock_backfill_{name}"
+
+
+def transactions_dag_id(name: str) -> str:
+    return f"reclock_txn_{name}"
+
+
+#: Each DAG builder with the id of the DAG it builds for an entry's name.
+DAG_IDS = {"build_dag": source_dag_id, "build_backfill_dag": backfill_dag_id,
+           "build_transactions_dag": transactions_dag_id}
+
+
+def build_all(config: Config, only: str | None = None) -> dict[str, DAG]:
+    """Every DAG of ``config``; ``only``: just the DAG with that id (none when no entry has it), for a task
+    process, which Airflow tells the DAG it runs (``get_parsing_context``): it builds no other."""
     builders = [(f"source {source.name}", source.schedule, (build_dag, build_backfill_dag), source)
                 for source in config.sources.values()]
     builders += [(f"transactions {txn.name}", txn.schedule, (build_transactions_dag,), txn)
@@ -306,6 +327,8 @@ def build_all(config: Config) -> dict[str, DAG]:
     for label, schedule, build_fns, entry in builders:
         try:
             for build in build_fns:
+                if only is not None and DAG_IDS[build.__name__](entry.name) != only:
+                    continue
                 built = build(config, entry)
                 if built.dag_id in dags:  # e.g. sources "backfill_x" and "x"
                     raise ValueError(f"DAG id {built.dag_id} is already another source's DAG; rename a source")
@@ -316,4 +339,4 @@ def build_all(config: Config) -> dict[str, DAG]:
     return dags
 
 
-globals().update(build_all(load_config()))
+globals().update(build_all(load_config(), only=get_parsing_context().dag_id))

@@ -177,6 +177,32 @@ def test_dags_report_parses_without_spark_or_gx(tmp_path, airflow_db_template):
     assert imported.strip().splitlines()[-1] == "[]"
 
 
+# What a task process parses: Airflow sets the parsing context to the task's DAG (get_parsing_context).
+TASK_PARSE = """
+import importlib.util, os, sys
+os.environ["RECLOCK_CONFIG"] = CONFIG
+out = {}
+for dag_id in ("reclock_orders", "reclock_backfill_clicks", "reclock_nothing"):
+    os.environ["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = dag_id
+    spec = importlib.util.spec_from_file_location("dags_" + dag_id, DAG_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out[dag_id] = sorted(k for k, v in vars(module).items() if type(v).__name__ == "DAG")
+emit(out)
+"""
+
+
+def test_a_task_process_builds_only_its_own_dag(tmp_path):
+    """In a task's process (Airflow's parsing context names the DAG) the DAG file builds that DAG alone; a DAG id
+    no entry has builds none, and the whole parse (no context) builds every one (``parsed``)."""
+    config = write_config(tmp_path / "config")
+    code = f"CONFIG = {str(config)!r}\nDAG_FILE = {str(DAGS_FOLDER / 'reclock_sources.py')!r}\n"
+    built = run_python(code + TASK_PARSE, airflow_env(tmp_path / "airflow"), timeout=300)
+    assert {k: built[k] for k in ("reclock_orders", "reclock_backfill_clicks", "reclock_nothing")} == {
+        "reclock_orders": ["reclock_orders"], "reclock_backfill_clicks": ["reclock_backfill_clicks"],
+        "reclock_nothing": []}
+
+
 def test_description_masks_credentials(parsed):
     doc = parsed["pg_files"]["dags"]["reclock_pg"]["doc_md"]
     assert '"dsn": "***"' in doc and "host=/nowhere" not in doc
