@@ -18,7 +18,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from conftest import fresh_database, run_cli, write_sources_config  # noqa: E402
-from reclock import pipeline, runtime  # noqa: E402
+from reclock import epochs, pipeline, runtime  # noqa: E402
 from reclock.checks import ChecksFailed  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
@@ -255,18 +255,18 @@ def test_lost_slot_recovers_from_a_fresh_snapshot(spark, pg_cluster, tmp_path, m
         with pytest.raises(SourceError, match=r"slot 's_lost' (no longer exists|does not exist).*reclock new-epoch"):
             pipeline.run_once("acct", config, spark, now=4_000)
 
-        recorded, calls = pipeline._record_snapshot_epoch, []  # killed after its snapshot landed: run again
+        recorded, calls = epochs._record_snapshot_epoch, []  # killed after its snapshot landed: run again
 
         def killed(*args):
             calls.append(args)
             raise KeyboardInterrupt("killed")
-        monkeypatch.setattr(pipeline, "_record_snapshot_epoch", killed)
+        monkeypatch.setattr(epochs, "_record_snapshot_epoch", killed)
         with pytest.raises(KeyboardInterrupt):
-            pipeline.new_epoch("acct", config, spark)
-        monkeypatch.setattr(pipeline, "_record_snapshot_epoch", recorded)
+            epochs.new_epoch("acct", config, spark)
+        monkeypatch.setattr(epochs, "_record_snapshot_epoch", recorded)
         with pytest.raises(SourceError, match="beyond|released"):  # a tick before the epoch is recorded: refused
             pipeline.tick("acct", config, now=4_500, spark=spark)
-        epoch = pipeline.new_epoch("acct", config, spark)
+        epoch = epochs.new_epoch("acct", config, spark)
         assert epoch["snapshot_at"] == calls[0][-1] and epoch["began_at"] == 3_001, epoch
         (gap,) = epoch["gaps"]
         assert gap["partition"] == "" and gap["end"] == epoch["snapshot_at"] and gap["bound_at"][0] == 3_000, gap

@@ -16,7 +16,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from conftest import fresh_database, write_sources_config  # noqa: E402
-from reclock import pipeline, runtime  # noqa: E402
+from reclock import epochs, pipeline, runtime  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.postgres import lsn_to_int  # noqa: E402
@@ -117,8 +117,8 @@ def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(s
 
         # the documented recovery: a new epoch from a fresh snapshot, the tables as they are now
         with pytest.raises(SourceError, match="slot still exists.*--drop-slot"):
-            pipeline.new_epoch("src", config, spark)
-        epoch = pipeline.new_epoch("src", config, spark, drop_slot=True)
+            epochs.new_epoch("src", config, spark)
+        epoch = epochs.new_epoch("src", config, spark, drop_slot=True)
         assert epoch["epoch"] == 1 and epoch["began_at"] == 3_001, epoch
         pipeline.run_once("src", config, spark, now=4_000)
         now = "SELECT id, v, filled FROM src_t"

@@ -214,7 +214,7 @@ def test_a_clock_stepped_back_binds_at_the_upper(kafka_broker, spark, source, mo
 
 
 class _Published:
-    """The tables of a source as :func:`reclock.pipeline._unless_published_meanwhile` asks them: the published upper."""
+    """The tables of a source as :func:`reclock.pipeline.published_meanwhile` asks them: the published upper."""
 
     def __init__(self, upper: int):
         self.upper = upper
@@ -223,25 +223,33 @@ class _Published:
         return self.upper
 
 
-@pytest.mark.parametrize("error, published_upper, raised", [
-    # a racing run published the window (upper 11 > upto 10) and removed this step's staged attempt
-    (FileNotFoundError("attempt-2/part-0.parquet"), 11, ConcurrentWriteError),
-    (Exception("[PATH_NOT_FOUND] Path does not exist: .../upto=10/attempt-2"), 11, ConcurrentWriteError),
-    # the window is not published: the error is this step's own
+@pytest.mark.parametrize("error, published_upper, outcome", [
+    # a racing run published the window (upper 11 > upto 10): it removed this step's staged attempt, or its
+    # publish won: this step has nothing left to do
+    (FileNotFoundError("attempt-2/part-0.parquet"), 11, "by another run"),
+    (Exception("[PATH_NOT_FOUND] Path does not exist: .../upto=10/attempt-2"), 11, "by another run"),
+    (ConcurrentWriteError("orders/reclocked: another writer committed reclock.reclocked"), 11, "by another run"),
+    (None, 11, "done here"),  # no error: the step did its work (e.g. it published the window itself)
+    (None, 10, "done here"),
+    # the window is not published (or only a prefix of it): the error is this step's own
     (FileNotFoundError("attempt-2/part-0.parquet"), 10, FileNotFoundError),
     (Exception("[PATH_NOT_FOUND] Path does not exist"), 0, Exception),
-    # reclock's own errors pass as they are, published or not
+    (ConcurrentWriteError("orders/reclocked: another writer committed reclock.reclocked"), 6, ConcurrentWriteError),
+    # a source's error passes as it is, published or not
     (pipeline.SourceError("orders: partition 0 at offset 7: not JSON"), 11, pipeline.SourceError),
-    (ConcurrentWriteError("orders: another writer"), 11, ConcurrentWriteError),
 ])
-def test_a_step_whose_window_another_run_published_fails_as_that_race(error, published_upper, raised):
-    """Stage, check and publish read or write the staged attempts of their window; a racing run publishing that
-    window removes them underneath: the step then fails with one error naming the source and the race."""
+def test_a_step_whose_window_another_run_published_ends_saying_so(error, published_upper, outcome):
+    """Stage, check and publish write, read or publish the staged attempts of their window; a racing run that
+    publishes the window first removes them underneath, or wins the publish: the step then ends, saying the
+    window was published by another run, instead of failing on what vanished."""
     ctx = type("Ctx", (), {"tables": _Published(published_upper)})()
-    with pytest.raises(raised) as caught:
-        with pipeline._unless_published_meanwhile("orders", ctx, 10, "check"):
-            raise error
-    if raised is ConcurrentWriteError and not isinstance(error, ConcurrentWriteError):
-        assert str(caught.value).startswith("orders: another run published IntoTimes up to 10 while this check ran")
-    else:
+    if isinstance(outcome, type):
+        with pytest.raises(outcome) as caught:
+            with pipeline.published_meanwhile("orders", ctx, 10, "check"):
+                raise error
         assert caught.value is error
+        return
+    with pipeline.published_meanwhile("orders", ctx, 10, "check") as raced:
+        if error is not None:
+            raise error
+    assert raced.by_another_run == (outcome == "by another run")

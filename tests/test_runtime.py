@@ -11,6 +11,7 @@ from conftest import REPO, reclocked_rows, write_config
 
 from devtools.kafka_broker import create_topic, produce
 from reclock import cli, config as config_module, pipeline
+from reclock import runtime as runtime_module
 from reclock.runtime import Runtime
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,9 @@ from reclock import pipeline, progress, status
 from reclock.runtime import Runtime
 
 runtime = Runtime.load(sys.argv[1])
+fresh = Runtime.load(sys.argv[3])  # another warehouse: this source's first tick
 done = {"publish": pipeline.publish("orders", runtime), "tick": pipeline.tick("orders", runtime, now=int(sys.argv[2])),
+        "first_tick": pipeline.tick("orders", fresh, now=int(sys.argv[2])), "fresh_spark_started": fresh.spark_started,
         "status": status.status(runtime), "page": progress.collect(sys.argv[1], upstream=False)["sources"],
         "spark_started": runtime.spark_started,
         "imported": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "py4j", "great_expectations"}),
@@ -61,20 +64,28 @@ print("RESULT " + json.dumps(done, default=str))
 """
 
 
-def test_steps_without_spark_work_start_none(kafka_broker, spark, orders):
-    """A publish without dead letters, an idle tick, ``reclock status`` and the progress page import no pyspark
-    (no JVM, no Spark Connect client): their commits are delta-rs's and their reads light ones."""
+def test_steps_without_spark_work_start_none(kafka_broker, spark, orders, tmp_path):
+    """A publish without dead letters, an idle tick, a Kafka source's first tick (creating its tables, recording
+    its upstream), ``reclock status`` and the progress page import no pyspark (no JVM, no Spark Connect client):
+    their commits are delta-rs's and their reads light ones."""
     topic, config = orders
     produce(kafka_broker, topic, [("k", f"o{i}", i % 2) for i in range(4)])
     pipeline.run_once("orders", config, spark, now=1_000, steps=("tick", "stage", "check"))  # checked, not published
+    (tmp_path / "fresh").mkdir()
+    fresh = write_config(tmp_path / "fresh", kafka_broker, {"orders": topic})
 
-    out = subprocess.run([sys.executable, "-c", NO_SPARK, config, "2000"], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", NO_SPARK, config, "2000", fresh], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     done = json.loads(lines[0].removeprefix("RESULT "))
     assert done["publish"] == {"published": True, "reclocked_upper": 1_001}
     assert done["tick"]["new_offsets"] == 0 and done["tick"]["written"] and done["tick"]["into_time"] == 2_000
+    assert done["first_tick"]["new_offsets"] == 4 and done["first_tick"]["written"], done["first_tick"]
+    assert done["fresh_spark_started"] is False
+    with runtime_module.open_source("orders", fresh, connect=False) as ctx:  # what the first tick recorded
+        assert ctx.tables.version("remap") == 2  # created, the upstream recorded, the binding committed
+        assert ctx.tables.upstream_record() is not None and ctx.tables.remap_upper() == 2_001
     assert [row["remap_upper"] for row in done["status"]] == [2_001]
     assert [row["reclocked_upper"] for row in done["page"]] == [1_001]
     assert done["spark_started"] is False and done["imported"] == [], done["first_import"]

@@ -290,3 +290,36 @@ def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
         remap = ctx.tables.read_remap()
     assert remap.upper == 201 and remap.at(150) == Frontier.of({A: 8})
     assert pipeline.resume("logs", str(path))["offsets"] == {}  # nothing published yet
+
+
+CREATE_ON_S3 = """
+import json, sys, time
+import pyarrow as pa
+from reclock.warehouse import Warehouse
+root, options, start = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+while time.time() < start:  # start together
+    pass
+Warehouse(root, options).source("s", pa.int32(), pa.schema([("value", pa.string())]), create=True)
+"""
+
+
+def test_racing_first_steps_create_each_table_once_on_s3(s3_endpoint, s3fs_, prefix):
+    """First steps of a source in four processes at once on an ``s3://`` warehouse, rounds of them, no lock of any
+    kind: each table is created by exactly one commit (version 0 claimed with a conditional put, never a second
+    creation at version 1), and every process goes on with it."""
+    import json
+
+    from reclock.warehouse import KINDS
+
+    for round_ in range(3):
+        root = f"s3://{BUCKET}/{prefix}/w{round_}"
+        start = time.time() + 4
+        procs = [subprocess.Popen([sys.executable, "-c", CREATE_ON_S3, root, json.dumps(delta_options(s3_endpoint)),
+                                   str(start)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(4)]
+        outputs = [(p.wait(timeout=120), p.stdout.read().decode()) for p in procs]
+        assert all(code == 0 for code, _ in outputs), outputs
+        for kind in KINDS:
+            commits = [os.path.basename(k) for k in s3fs_.ls(f"{BUCKET}/{prefix}/w{round_}/s/{kind}/_delta_log")
+                       if k.endswith(".json")]
+            assert commits == ["00000000000000000000.json"], (kind, commits)
+        assert Warehouse(root, delta_options(s3_endpoint)).source("s", pa.int32(), DATA).read_remap() == Remap()

@@ -88,7 +88,7 @@ from reclock.warehouse import ConcurrentWriteError, compare_and_append, create_t
 import pyarrow as pa
 spark = get_spark(remote=URL)
 schema = remap_schema(pa.int32())
-create_table(spark, TABLE, schema, "t_remap")
+create_table(TABLE, schema, "t_remap")
 rows = spark_frame(spark, pa.table({"partition": [0], "into_time": [1], "increment": [5]}), schema)
 compare_and_append(rows, TABLE, schema.names, "app", 1, None)
 try:

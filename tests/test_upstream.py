@@ -11,7 +11,7 @@ import pytest
 from conftest import over_connect, reclocked_rows, run_cli, write_config
 
 from devtools.kafka_broker import delete_records, produce, recreate_topic
-from reclock import pipeline, runtime
+from reclock import epochs, pipeline, runtime
 from reclock.backfill import BackfillError, replay
 from reclock.clock import now_ms
 from reclock.engine import Frontier
@@ -122,13 +122,13 @@ def test_retention_overtaking_bound_records_stops_until_the_gap_is_accepted(kafk
     with pytest.raises(SourceError, match=r"offsets \[10, 11\) were released upstream"):
         pipeline.tick("events", config, now=3_000, spark=spark)
 
-    lost = pipeline.accept_lost("events", config, spark)["lost"]
+    lost = epochs.accept_lost("events", config, spark)["lost"]
     assert [(g["partition"], g["start"], g["end"], g["bound_at"]) for g in lost] == [(0, 4, 11, [2_000, None])]
     pipeline.run_once("events", config, spark, now=3_000)
     assert offsets(config) == [0, 1, 2, 3, 11]
     with runtime.open_source("events", config, connect=False) as ctx:
         assert ctx.tables.upstream_record().gaps == lost  # the gap stays on record with remap
-    assert pipeline.accept_lost("events", config, spark)["lost"] == []
+    assert epochs.accept_lost("events", config, spark)["lost"] == []
 
 
 # --- new epochs ---------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, sp
     with pytest.raises(SourceError, match=re.escape(f"'{second_id}' when remap's epoch began, now '{third_id}'") + ".*partition 1: "
                                           r"upstream upper 15 is below the bound offset 23"):  # in the gauge: base 15 + 0
         pipeline.tick("events", config, now=3_000, spark=spark)
-    epoch = pipeline.new_epoch("events", config, spark)
+    epoch = epochs.new_epoch("events", config, spark)
     assert (epoch["epoch"], epoch["began_at"], epoch["base"]) == (2, 2_001, {"0": 27, "1": 23})
     pipeline.run_once("events", config, spark, now=3_000)
 
@@ -197,7 +197,7 @@ def test_new_epochs_on_recreated_topics_keep_what_was_published(kafka_broker, sp
     with pytest.raises(BackfillError, match="earlier epoch"):
         replay("events", config, 2_000, 2_000, spark=spark)
     with pytest.raises(SourceError, match="still the stream remap has bound"):
-        pipeline.new_epoch("events", config, spark)
+        epochs.new_epoch("events", config, spark)
 
 
 def test_records_bound_before_the_topic_was_recreated_are_accepted_lost_first(kafka_broker, spark, topic, tmp_path):
@@ -215,11 +215,11 @@ def test_records_bound_before_the_topic_was_recreated_are_accepted_lost_first(ka
         pipeline.stage("events", config, spark)
     with pytest.raises(SourceError, match=r"partition 0: offsets \[4, 7\) bound at IntoTime 2000 are not published.*"
                                           "accept-lost"):
-        pipeline.new_epoch("events", config, spark)
+        epochs.new_epoch("events", config, spark)
 
-    lost = pipeline.accept_lost("events", config, spark)["lost"]
+    lost = epochs.accept_lost("events", config, spark)["lost"]
     assert [(g["partition"], g["start"], g["end"], g["bound_at"]) for g in lost] == [(0, 4, 7, [2_000, 2_000])]
-    assert pipeline.new_epoch("events", config, spark)["base"] == {"0": 7}
+    assert epochs.new_epoch("events", config, spark)["base"] == {"0": 7}
     pipeline.run_once("events", config, spark, now=3_000)
     assert as_of(spark, config, 2_000) == [f"v{i}" for i in range(4)]
     assert as_of(spark, config, 3_000) == sorted([f"v{i}" for i in range(4)] + [f"v{i}" for i in range(100, 109)])

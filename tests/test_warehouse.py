@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -156,8 +155,10 @@ def test_tables_reopen_with_same_state_and_check_schema(tmp_path, spark):
     again = Warehouse(str(tmp_path / "w")).source("s", pa.string(), DATA)  # no Spark: the light reader
     assert again.read_remap() == remap and again.since() == 0 and again.reclocked_upper() == 0
     with pytest.raises(WarehouseError, match="needs a Spark session"):  # what Spark writes, refused without one
-        again.record_upstream(UpstreamRecord(Frontier.of({"a": 0}), None))
+        again.spark
     assert again.upstream_record() is None
+    again.record_upstream(UpstreamRecord(Frontier.of({"a": 0}), None))  # a delta-rs commit: no Spark
+    assert again.upstream_record() == UpstreamRecord(Frontier.of({"a": 0}), None)
     assert again.append_binding(remaps[1], remaps[2])  # a tick's binding needs no Spark: delta-rs commits it
     assert again.remap_upper() == 5 and again.read_remap() == remaps[2]
     with pytest.raises(WarehouseError, match="partition: string"):
@@ -648,40 +649,41 @@ def test_the_remap_check_catches_corruption_injected_into_the_table(tables, corr
 
 
 @pytest.mark.parametrize("left_behind", [[], [".00000000000000000000.json.1f2e.tmp"]])
-def test_a_table_creation_killed_before_its_first_commit_does_not_wedge_the_source(tmp_path, spark, left_behind):
-    log_dir = tmp_path / "w" / "s" / "remap" / "_delta_log"  # what a SIGKILL during CREATE TABLE leaves
+def test_a_table_creation_killed_before_its_first_commit_does_not_wedge_the_source(tmp_path, left_behind):
+    log_dir = tmp_path / "w" / "s" / "remap" / "_delta_log"  # what a SIGKILL during a creation leaves
     log_dir.mkdir(parents=True)
     for name in left_behind:
         (log_dir / name).write_text("")
-    tables = Warehouse(str(tmp_path / "w")).source("s", pa.int32(), DATA, spark=spark)
+    tables = Warehouse(str(tmp_path / "w")).source("s", pa.int32(), DATA, create=True)  # no Spark: delta-rs
     assert tables.version("remap") == 0 and tables.read_remap() == Remap()
 
 
-def test_racing_first_uses_never_clear_a_creation_in_progress(tmp_path, spark, monkeypatch):
-    """Two first steps of a source at once (threads here; processes alike): the second waits for the first's
-    creation instead of taking its log, written but not yet committed, for an interrupted creation."""
-    real, pulled = warehouse.create_table, []
+CREATE = """
+import sys, time
+import pyarrow as pa
+from reclock.warehouse import Warehouse
+while time.time() < float(sys.argv[2]):  # start together
+    pass
+Warehouse(sys.argv[1]).source("s", pa.int32(), pa.schema([("value", pa.string())]), create=True)
+"""
 
-    def slow_create(spark_, uri, schema, name):  # Delta's files of a creation in progress, then the creation
-        log_dir = os.path.join(uri, "_delta_log")
-        os.makedirs(log_dir, exist_ok=True)
-        marker = os.path.join(log_dir, ".00000000000000000000.json.in-progress.tmp")
-        open(marker, "w").close()
-        time.sleep(1.0)
-        if not os.path.exists(marker):
-            pulled.append(uri)
-        else:
-            os.remove(marker)  # as if it had never been there: the real creation follows
-            os.rmdir(log_dir)
-        real(spark_, uri, schema, name)
 
-    monkeypatch.setattr(warehouse, "create_table", slow_create)
-    root = str(tmp_path / "w")
-    threads = [threading.Thread(target=Warehouse(root).source, args=("s", pa.int32(), DATA), kwargs={"spark": spark})
-               for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert pulled == []
-    assert Warehouse(root).source("s", pa.int32(), DATA, spark=spark).read_remap() == Remap()
+def test_racing_first_steps_create_each_table_once_without_a_lock(tmp_path):
+    """First steps of a source in four processes at once, rounds of them: each table is created by exactly one
+    commit (version 0, never a second creation at version 1), every process goes on with it, and no lock file
+    is left (the creation holds on an object store as on a local disk)."""
+    import subprocess
+    import sys
+
+    for round_ in range(5):
+        root = str(tmp_path / f"w{round_}")
+        start = time.time() + 3
+        procs = [subprocess.Popen([sys.executable, "-c", CREATE, root, str(start)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT) for _ in range(4)]
+        outputs = [(p.wait(timeout=120), p.stdout.read().decode()) for p in procs]
+        assert all(code == 0 for code, _ in outputs), outputs
+        for kind in KINDS:
+            log_dir = os.path.join(root, "s", kind, "_delta_log")
+            assert sorted(n for n in os.listdir(log_dir) if n.endswith(".json")) == ["00000000000000000000.json"]
+        assert not [n for n in os.listdir(os.path.join(root, "s")) if n.endswith(".lock")]
+        assert Warehouse(root).source("s", pa.int32(), DATA).read_remap() == Remap()

@@ -14,7 +14,7 @@ import logging
 import sys
 from datetime import datetime, timezone
 
-from . import pipeline
+from . import epochs, pipeline
 from .config import config_schema_text
 from .query import QueryError, common_readable, duckdb_as_of, query_as_of, spark_needed
 from .runtime import Runtime
@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                 done = pipeline.run_once(args.source, runtime, steps=(args.command,))[args.command]
             print(json.dumps(done, indent=2, default=str))
         elif args.command == "accept-lost":
-            print(json.dumps(pipeline.accept_lost(args.source, runtime), indent=2))
+            print(json.dumps(epochs.accept_lost(args.source, runtime), indent=2))
         elif args.command == "new-epoch":
-            print(json.dumps(pipeline.new_epoch(args.source, runtime, drop_slot=args.drop_slot), indent=2))
+            print(json.dumps(epochs.new_epoch(args.source, runtime, drop_slot=args.drop_slot), indent=2))
         elif args.command == "sink-cdcv2":
             from .sinks import sink_cdcv2
             print(json.dumps(sink_cdcv2(args.source, args.to, runtime), indent=2))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import points
 from .clock import now_ms
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
-from .engine.upstream import (clip_ranges, identity_problems, lost_problems, lost_ranges, new_epoch_problems, past_gaps,
-                              released_by, replacement_problems, tick_problems, to_gauge, to_upstream)
+from .engine.upstream import (clip_ranges, identity_problems, lost_problems, tick_problems, to_upstream)
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import (LandsTicks, PrimaryKeys, Snapshotting, SourceError, TableColumns, Truncating, identity_of,
                            offers, released_frontier, starting_frontier)
@@ -47,7 +47,7 @@ def tick(name: str, runtime: Where = None, now: int | None = None, spark=None) -
 def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     remap = ctx.tables.read_remap()
     landed = _land_initial_snapshot(name, ctx, remap)
-    record = _upstream_record(name, ctx, remap)
+    record = upstream_record_of(name, ctx, remap)
     ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
     landed = _land_tick(name, ctx, remap, record, landed)
     frontier = ctx.source.upper().join(landed)  # landed partitions are held here, whatever upstream does
@@ -200,7 +200,7 @@ UPSTREAM_HELP = ("If the upstream was recreated (another identity, offsets from 
                  "<source>` records the gap and goes on without them (docs: upstream-changes.md).")
 
 
-def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRecord:
+def upstream_record_of(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRecord:
     """The start frontier and upstream identity recorded with remap; recorded now at the first tick."""
     record = ctx.tables.upstream_record()
     if record is None:
@@ -212,165 +212,7 @@ def _upstream_record(name: str, ctx: SourceContext, remap: Remap) -> UpstreamRec
     return record
 
 
-def accept_lost(name: str, runtime: Where = None, spark=None) -> dict:
-    """Go on without the records the upstream released before reclock read them: the start frontier moves
-    past them (:func:`reclock.engine.upstream.past_gaps`) and the gap is recorded with remap, with the
-    IntoTimes the lost offsets were bound at (None: never bound).  A replaced upstream (another identity, a
-    partition ending below what was bound) serves none of the bound records it replaced
-    (:func:`reclock.engine.upstream.released_by`): the unpublished ones are lost, before a new epoch."""
-    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
-        remap = ctx.tables.read_remap()
-        record = _upstream_record(name, ctx, remap)
-        same = not identity_problems(record.identity, identity_of(ctx.source))
-        released = released_by(remap.frontier, ctx.source.upper().join(ctx.tables.landed()),
-                               released_frontier(ctx.source), same)
-        lost = lost_ranges(_published_frontier(remap, ctx.tables), record.start, released)
-        gaps = [{"partition": r.partition, "start": r.start, "end": r.end, "recorded_at": now_ms(),
-                 "bound_at": [remap.into_time_of(r.partition, r.start), remap.into_time_of(r.partition, r.end - 1)]}
-                for r in lost]
-        if gaps:
-            ctx.tables.record_upstream(record._replace(start=past_gaps(record.start, lost), gaps=record.gaps + gaps))
-            log.warning("%s: going on without records lost upstream: %s", name, gaps)
-        return {"lost": gaps}
-
-
-def new_epoch(name: str, runtime: Where = None, spark=None, drop_slot: bool = False) -> dict:
-    """Start the source over on its current upstream as a new epoch, keeping what was published.
-
-    A source that takes snapshots (Postgres) starts over from a fresh one instead: :func:`_new_snapshot_epoch`
-    (``drop_slot``: replace a slot that still exists).
-
-    For an upstream that replaced the one remap bound (a Kafka topic deleted and recreated: another
-    topic ID, offsets from 0 again, perhaps fewer partitions).  Its offsets are shifted by an offset base,
-    remap's frontier now (:mod:`reclock.engine.upstream`, "Epochs"): remap stays monotone, the published
-    rows and every query AS OF an earlier IntoTime stay as they are, and the ticks from now on bind the new
-    upstream's records from its start (Kafka: ``starting_offsets``) at later IntoTimes.  One commit of
-    remap's properties: the new start and identity, and the epoch appended to ``reclock.epochs``.
-
-    Refused, writing nothing (:class:`SourceError`): before the first binding; when the upstream is still
-    the stream remap bound (its identity did not change; without one, no partition ends below what was
-    bound); for offsets stored as strings; and while bound records are not published: only the replaced
-    upstream could serve them, so publish them first if it still does, or record them as lost with
-    ``reclock accept-lost`` (an upstream with another identity serves none of them).
-    """
-    from . import offsets
-
-    with Runtime.of(runtime, spark).source(name, create=True) as ctx:
-        remap = ctx.tables.read_remap()
-        record = ctx.tables.upstream_record()
-        where = f"{name} ({ctx.upstream!r}): no new epoch begun, nothing written"
-        if record is None or not remap.bindings:
-            raise SourceError(f"{where}: nothing is bound yet (its first tick starts it on the current upstream)")
-        if offers(ctx.upstream, Snapshotting):
-            return _new_snapshot_epoch(name, ctx, remap, record, drop_slot)
-        if drop_slot:
-            raise SourceError(f"{where}: --drop-slot is for sources with a replication slot, not {ctx.upstream!r}")
-        if ctx.tables.offset_type != offsets.INT64:
-            raise SourceError(f"{where}: its offsets are stored as {ctx.tables.offset_type}; epochs shift int64 "
-                              "offsets only (configure the new upstream as a new source)")
-        identity = identity_of(ctx.upstream)
-        replaced = replacement_problems(record.identity, identity, remap.frontier,
-                                        ctx.source.upper().join(ctx.tables.landed()))
-        if not replaced:
-            raise SourceError(f"{where}: the upstream is still the stream remap has bound (same identity "
-                              f"{identity}); ticks go on binding it ({UPSTREAM_HELP})")
-        published = ctx.tables.reclocked_upper()
-        if unread := new_epoch_problems(remap.ranges(published), record.start):
-            raise SourceError(
-                f"{where}: {'; '.join(unread)}, and only the replaced upstream could serve them. Publish them first "
-                f"if it still does (reclock stage, check, publish), or `reclock accept-lost {name}` records them "
-                "as lost and goes on without them")
-        base = remap.frontier
-        start = to_gauge(starting_frontier(ctx.upstream), base)
-        epoch = {"began_at": remap.upper, "base": [list(pair) for pair in base], "identity": identity,
-                 "start": [list(pair) for pair in start], "recorded_at": now_ms(),
-                 "replaced": {"identity": record.identity, "start": [list(pair) for pair in record.start],
-                              "why": replaced}}
-        if ctx.tables.remap_upper() != remap.upper:  # a tick committed since remap was read: look again
-            raise ConcurrentWriteError(f"{where}: a tick committed to remap meanwhile; run it again")
-        ctx.tables.record_upstream(record._replace(start=start, identity=identity, epochs=record.epochs + [epoch]))
-        log.warning("%s: epoch %d begins at IntoTime %d on %s: offset base %s, history from %s (was %s)", name,
-                    len(record.epochs) + 1, remap.upper, identity, base, start, record.identity)
-        return {"epoch": len(record.epochs) + 1, "began_at": remap.upper, "base": base.as_json(),
-                "start": start.as_json(), "identity": identity, "replaced": record.identity}
-
-
-def _new_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord,
-                        drop_slot: bool) -> dict:
-    """A Postgres source started over from a fresh snapshot (a lost slot, a schema change it cannot follow).
-
-    A new slot is created with an exported snapshot at its consistent point ``C`` (after every LSN remap
-    bound: the gauge goes on, no offset base).  Every table's snapshot is landed as partition ``<table>@<C>``
-    with a resync marker at offset 0 (:mod:`reclock.truncate`): staging replaces it by the difference between
-    what the table held AS OF the published history and the snapshot, so the next IntoTime publishes those
-    corrections (retractions and insertions) and every query AS OF an earlier IntoTime is unchanged.  The
-    changes' partition starts at ``C``: the changes before it that were never published are not read one by
-    one (the old slot is gone, or replaced); the gap ``[published, C)`` is recorded, with the snapshot that
-    corrected it.  Then the epoch is recorded with remap (one commit of its properties).
-
-    A slot that still exists is dropped only with ``drop_slot`` (its unpublished changes are replaced by the
-    snapshot), or when remap never bound it (its consistent point lies beyond remap's frontier: a new epoch
-    killed before its snapshot landed).  Killed after the landing, a new epoch run again records it.
-    """
-    from .spark_source import read_ranges_python
-
-    source, where = ctx.upstream, f"{name} ({ctx.upstream!r})"
-    bound, landed = remap.frontier[""], ctx.tables.landed()
-    if source.started():
-        confirmed = source.committed()[""]
-        if any(source.snapshot_lsn(p) == confirmed > record.start[""] for p in landed.partitions):
-            log.warning("%s: the snapshot at %s landed but its epoch was not recorded (a new epoch killed): "
-                        "recording it", where, confirmed)
-            return _record_snapshot_epoch(name, ctx, remap, record, confirmed)
-        if confirmed <= bound and not drop_slot:
-            raise SourceError(f"{where}: no new epoch begun, nothing written: its replication slot still exists. "
-                              "A new epoch replaces it and publishes what the tables hold now as corrections; "
-                              f"changes bound but not published are not read one by one: `reclock new-epoch {name} "
-                              "--drop-slot` to go on")
-        log.warning("%s: dropping replication slot %r (confirmed at %s) for a new epoch", where, source.slot, confirmed)
-        source.drop_slot()
-    with source.export_snapshot() as snapshot:
-        consistent = snapshot.consistent_lsn
-        if consistent < bound:
-            raise SourceError(f"{where}: the new slot's consistent point {consistent} is below remap's bound LSN "
-                              f"{bound}: the server's WAL went back (restored from a backup?); nothing landed. "
-                              "Configure it as a new source")
-        uppers = snapshot.every_table()
-        rows = read_ranges_python(ctx.spark, {**ctx.spec, "exported": snapshot.spec},
-                                  [(0, p, 0, u) for p, u in snapshot.uppers.items()])
-        markers = [{**data, "partition": p, "offset": offset, "into_time": 0, "diff": diff}
-                   for p, data, offset, diff in source.resync_markers(snapshot)]
-        rows = rows.unionByName(ctx.spark.createDataFrame(markers, rows.schema))
-        log.info("%s: landing the snapshot of a new epoch at %s: %s", where, consistent,
-                 ", ".join(f"{p} ({u >> 16} blocks)" for p, u in uppers.items()))
-        ctx.tables.land(rows, Frontier.of(uppers))
-    return _record_snapshot_epoch(name, ctx, remap, record, consistent)
-
-
-def _record_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord,
-                           consistent: int) -> dict:
-    """Record a new epoch begun from the snapshot at ``consistent`` (:func:`_new_snapshot_epoch`)."""
-    published = _published_frontier(remap, ctx.tables)
-    skipped = max(published[""], record.start[""])
-    start = record.start.join(Frontier.of({"": consistent}))
-    gaps = [{"partition": "", "start": skipped, "end": consistent, "recorded_at": now_ms(),
-             "bound_at": [remap.into_time_of("", skipped), remap.into_time_of("", consistent - 1)],
-             "corrected_by_snapshot_at": consistent}] if consistent > skipped else []
-    epoch = {"began_at": remap.upper, "base": [], "identity": record.identity, "snapshot_at": consistent,
-             "start": [list(pair) for pair in start], "recorded_at": now_ms(),
-             "replaced": {"identity": record.identity, "start": [list(pair) for pair in record.start],
-                          "why": ["a fresh snapshot replaces the replication slot's changes"]}}
-    if ctx.tables.remap_upper() != remap.upper:  # a tick committed since remap was read: look again
-        raise ConcurrentWriteError(f"{name}: a tick committed to remap meanwhile; run new-epoch again (the "
-                                   "landed snapshot is kept)")
-    ctx.tables.record_upstream(record._replace(start=start, gaps=record.gaps + gaps, epochs=record.epochs + [epoch]))
-    log.warning("%s: epoch %d begins at IntoTime %d from the snapshot at %s; changes [%d, %d) not read one by one",
-                name, len(record.epochs) + 1, remap.upper, consistent, skipped, consistent)
-    return {"epoch": len(record.epochs) + 1, "began_at": remap.upper, "snapshot_at": consistent,
-            "start": start.as_json(), "gaps": gaps}
-
-
-def _published_frontier(remap: Remap, tables: SourceTables) -> Frontier:
+def published_frontier(remap: Remap, tables: SourceTables) -> Frontier:
     """What the published reclocked table covers: ``remap[reclocked upper - 1]`` (nothing before the first window)."""
     start = tables.reclocked_upper()
     return remap.at(start - 1) if start > remap.since and start > 0 else Frontier()
@@ -395,27 +237,36 @@ def staged_window(remap: Remap, tables: SourceTables) -> tuple[int, int] | None:
     return (start, staged[-1]) if staged and staged[-1] != upto else window
 
 
-@contextmanager
-def _unless_published_meanwhile(name: str, ctx: SourceContext, upto: int, step: str):
-    """The part of ``step`` that writes or reads the staged attempts of the window up to ``upto``.
+class Raced:
+    """Whether another run published the window while a step worked on it (:func:`published_meanwhile`)."""
 
-    A racing run (a schedule beside a manual run) that publishes this window first removes every staged attempt
-    it did not publish, this step's own too, while this step writes or reads it: whatever error that gives
-    (a vanished file in Spark or in a footer read) is raised as that race, :class:`ConcurrentWriteError` naming
-    the source and the window, with nothing written by this step (its window is published, checked by the
-    run that published it).  An error while the window is still unpublished passes as it is."""
+    def __init__(self) -> None:
+        self.by_another_run = False
+
+
+@contextmanager
+def published_meanwhile(name: str, ctx: SourceContext, upto: int, step: str) -> Iterator[Raced]:
+    """The part of ``step`` that writes, reads or publishes the staged attempts of the window up to ``upto``.
+
+    Two runs of one source (a schedule beside a manual run) may work on one window.  The one that publishes it
+    first removes every staged attempt it did not publish, the other run's too, while that run writes or reads
+    it; and of two publishes of the window, Delta's conflict check refuses the second.  Whatever error that
+    gives the step (a vanished file in Spark or in a footer read, :class:`ConcurrentWriteError`) once the window
+    is published, the step has nothing left to do: the error is logged, the block ends, and the yielded
+    :class:`Raced` says ``by_another_run`` (the step returns saying so: the window is published, checked by the
+    run that published it).  An error while the window is still unpublished, and a :class:`SourceError`, pass as
+    they are."""
+    raced = Raced()
     try:
-        yield
-    except (ConcurrentWriteError, SourceError):
+        yield raced
+    except SourceError:
         raise
     except Exception as e:
         if ctx.tables.reclocked_upper() <= upto:
             raise
-        log.warning("%s: the %s of IntoTimes up to %d failed (%s: %s) after another run published them", name,
-                    step, upto, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        raise ConcurrentWriteError(f"{name}: another run published IntoTimes up to {upto} while this {step} ran "
-                                   f"(removing the staged attempts it did not publish); this {step} did nothing"
-                                   ) from None
+        log.warning("%s: another run published IntoTimes up to %d while this %s ran (here: %s: %s); this %s did "
+                    "nothing more", name, upto, step, type(e).__name__, (str(e).splitlines() or [""])[0], step)
+        raced.by_another_run = True
 
 
 def stage(name: str, runtime: Where = None, spark=None) -> dict:
@@ -435,7 +286,7 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
         start, upto = window
         record = ctx.tables.upstream_record() or UpstreamRecord(Frontier(), None)
         begins, ctx.base = record.start, record.base
-        if lost := lost_problems(_published_frontier(remap, ctx.tables), begins, released_frontier(ctx.source)):
+        if lost := lost_problems(published_frontier(remap, ctx.tables), begins, released_frontier(ctx.source)):
             raise SourceError(f"{name}: bindings {start}..{upto} need records the upstream no longer holds (retention "
                               "overtook them before they were published): " + "; ".join(lost)
                               + f"; nothing staged. {UPSTREAM_HELP}")
@@ -450,16 +301,16 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             df.persist()
         keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
         try:  # do not contact the upstream
-            with _unless_published_meanwhile(name, ctx, upto, "stage"):
+            with published_meanwhile(name, ctx, upto, "stage") as raced:
                 rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
-        except ConcurrentWriteError:
-            raise
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
             raise SourceError(f"{name}: staging IntoTimes {start}..{upto} failed: {message}") from e
         finally:
             df.unpersist()
+        if raced.by_another_run:
+            return {"staged_rows": 0, "start": start, "upto": upto, "published_by_another_run": True}
         result = {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}
         if dead_letters is not None and (staged := ctx.tables.staged_dead_letters(upto)) is not None:
             result["dead_letters"] = len(staged)
@@ -494,8 +345,11 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
             window = staged_window(remap, ctx.tables)
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
-                with _unless_published_meanwhile(name, ctx, window[1], "check"):
+                with published_meanwhile(name, ctx, window[1], "check") as raced:
                     results.update(_check_batch(ctx, remap, window, gx))
+                if raced.by_another_run:  # its batch was checked by the run that published it
+                    results = {"remap": results["remap"]}
+                    window = None
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir)  # durable before raising
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
              "passed" if all(r.success for r in results.values()) else "FAILED",
@@ -550,8 +404,10 @@ def publish(name: str, runtime: Where = None, spark=None) -> dict:
             raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
                                + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
                                + " (run `reclock check` after staging; docs: checks.md)")
-        with _unless_published_meanwhile(name, ctx, window[1], "publish"):
+        with published_meanwhile(name, ctx, window[1], "publish") as raced:
             published = ctx.tables.publish_staged(window[1])
+        if raced.by_another_run:
+            return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper(), "published_by_another_run": True}
         return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 
 

@@ -92,8 +92,8 @@ class Runtime:
         ``ctx.upstream`` is that class, good for ``partition_type``, ``data_schema``, ``offset_type`` and
         ``content_columns`` only, and nothing upstream is contacted (or created, like a slot).  A connected source
         is closed when the block ends, and seen in its gauge (``ctx.source``): after a new epoch, shifted by the
-        epoch's offset base.  ``create``: a step that writes creates the source's tables when missing (with
-        Spark); the others only check the schemas of those that exist.
+        epoch's offset base.  ``create``: a step that writes creates the source's tables when missing (delta-rs,
+        no Spark); the others only check the schemas of those that exist.
         """
         source_config = self.config.source(name)
         upstream = None if connect else source_class(source_config.kind)

@@ -169,8 +169,8 @@ class TxnTables:
                               + list(data_schema) + located + times),
         }
         for kind, uri in self.uris.items():
-            if spark is not None and not DeltaTable.is_deltatable(uri, self.storage_options):
-                create_table(spark, uri, self.schemas[kind], f"{name}_txn_{kind}")
+            if spark is not None:  # a step that writes: it creates what is missing
+                create_table(uri, self.schemas[kind], f"{name}_txn_{kind}", self.storage_options)
             dt = self.table(kind)
             if not same_columns(arrow_schema(dt), self.schemas[kind]):
                 raise WarehouseError(f"{uri} exists with another schema: "

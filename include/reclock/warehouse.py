@@ -1,10 +1,13 @@
 """Delta Lake storage of each source: ``<root>/<name>/remap`` and ``<root>/<name>/reclocked``.
 
-Spark writes every Delta table, with delta-spark (the session of :mod:`reclock.spark_session`), through the
-DataFrame API and Delta's SQL (CREATE TABLE, OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``,
-which needs Delta's own plugin on a Spark Connect server.  Two commits are delta-rs's (:func:`_commit_added`):
-a publish adding the files Spark staged to the reclocked table (below), and a tick adding its remap rows (a few,
-written with pyarrow: :meth:`SourceTables._commit_rows`; an idle tick, no new offsets, commits its upper alone).
+Spark writes the Delta tables' data, with delta-spark (the session of :mod:`reclock.spark_session`), through the
+DataFrame API and Delta's SQL (OPTIMIZE, VACUUM): not delta-spark's Python ``DeltaTable``, which needs Delta's own
+plugin on a Spark Connect server.  These commits are delta-rs's, no JVM: a table's creation (:func:`create_table`:
+version 0 claimed with put-if-absent, never retried, so racing creators make one table), the upstream record in
+remap's properties (:meth:`SourceTables.record_upstream`), a publish adding the files Spark staged to the reclocked
+table (below, :func:`_commit_added`), and a tick adding its remap rows (a few, written with pyarrow:
+:meth:`SourceTables._commit_rows`; an idle tick, no new offsets, commits its upper alone).  A table another Delta
+writer changed beyond what reclock reads and writes is refused when it is opened (:mod:`reclock.table_protocol`).
 Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
 writes), so it commits atomically with the rows it describes and survives overwrites:
 
@@ -59,13 +62,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import fcntl
 import os
-import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterator, Literal, NamedTuple
+from typing import Literal, NamedTuple
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -82,6 +83,7 @@ from .engine import Frontier, Increment, Remap
 from .clock import now_ms
 from . import points
 from .side_files import read_json, write_json
+from .table_protocol import Protocol, protocol_problems
 from .spark_session import spark_schema
 
 log = logging.getLogger("reclock")
@@ -176,23 +178,25 @@ def dead_letter_schema(partition_type: pa.DataType, offset_type: pa.DataType = o
                       pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("error", pa.string())])
 
 
-def create_table(spark, uri: str, schema: pa.Schema, name: str) -> None:
-    """Create the Delta table at ``uri`` with ``schema`` unless it exists (Delta's ``CREATE TABLE IF NOT EXISTS``,
-    SQL: the same on a Spark Connect session as on a local one).
+def create_table(uri: str, schema: pa.Schema, name: str, storage_options: dict | None = None) -> None:
+    """Create the Delta table ``uri`` (named ``name``) with ``schema`` unless it exists: one delta-rs commit of
+    version 0, with the basic protocol (reader 1, writer 2), no JVM.
 
-    Two steps creating it at once (racing first ticks): the loser's Delta error is dropped once the
-    winner's table exists (within ~10 s); callers check the schema it was created with.
+    The version is claimed as every delta-rs commit claims one (put-if-absent: a rename that does not replace on
+    a local disk, a conditional write on S3) and never retried at another version, so of creators racing (first
+    steps of a source in several processes or machines) exactly one commits; the others find its table (callers
+    check the schema it was created with).  A creation killed before its commit leaves at most a temporary file
+    in ``_delta_log``, which the next creation ignores.
     """
-    columns = ", ".join(f"{_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
-                        for f in spark_schema(schema).fields)
+    from deltalake import CommitProperties
+    from deltalake.exceptions import CommitFailedError
+
     try:
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_delta_path(uri)} ({columns}) USING delta COMMENT {_sql_string(name)}")
-    except Exception:
-        for _ in range(20):  # the winner may not have committed its first version yet
-            if is_delta_table(spark, uri):
-                return
-            time.sleep(0.5)
-        raise
+        DeltaTable.create(uri, schema, mode="ignore", name=name, description=name, storage_options=storage_options,
+                          commit_properties=CommitProperties(max_commit_retries=0))
+    except CommitFailedError:
+        if not DeltaTable.is_deltatable(uri, storage_options):
+            raise
 
 
 def is_delta_table(spark, uri: str) -> bool:
@@ -372,8 +376,19 @@ class SourceTables:
         return _spark_uri(self.table_uri(kind))
 
     def table(self, kind: Kind, version: int | None = None) -> DeltaTable:
-        """A fresh deltalake :class:`DeltaTable` at its latest (or the given) version (light reads)."""
-        return DeltaTable(self.table_uri(kind), version=version, storage_options=self.storage_options)
+        """A fresh deltalake :class:`DeltaTable` at its latest (or the given) version (light reads).
+
+        At its latest version, a table another Delta writer changed beyond what reclock reads and writes (a table
+        feature, a check constraint: :func:`reclock.table_protocol.protocol_problems`) is refused here, before
+        the step opening it writes anything: :class:`WarehouseError` naming the table and what it needs."""
+        dt = DeltaTable(self.table_uri(kind), version=version, storage_options=self.storage_options)
+        if version is None and (problems := protocol_problems(Protocol(*dt.protocol()),
+                                                              dt.metadata().configuration)):
+            raise WarehouseError(
+                f"{self.table_uri(kind)} (table {self.uri.rsplit('/', 1)[-1]}_{kind}): another Delta writer gave it "
+                f"{', '.join(problems)}, which reclock cannot read or write; nothing written. Undo it (DROP CONSTRAINT, "
+                "UNSET TBLPROPERTIES, DROP FEATURE) to go on (docs: storage.md, Other Delta users)")
+        return dt
 
     def _table_or_none(self, kind: Kind) -> DeltaTable | None:
         try:
@@ -385,59 +400,17 @@ class SourceTables:
         return spark_schema(self.schemas[kind])
 
     def create_if_absent(self) -> None:
-        """Create both tables with Spark if missing; :class:`WarehouseError` if one exists with another schema."""
+        """Create both tables if missing (delta-rs: :func:`create_table`); :class:`WarehouseError` if one exists
+        with another schema."""
         for kind in KINDS:
             self._create_table_if_absent(kind)
         self.check_schemas()
 
     def _create_table_if_absent(self, kind: Kind) -> None:
-        """Create table ``kind`` (named ``<source>_<kind>``) with Spark unless it exists."""
+        """Create table ``kind`` (named ``<source>_<kind>``) unless it exists."""
         if self._table_or_none(kind) is None:
-            with self._creation_lock(kind):
-                if self._table_or_none(kind) is None:
-                    self._clear_interrupted_creation(kind)
-                    create_table(self.spark, self.table_uri(kind), self.schemas[kind],
-                                 f"{self.uri.rsplit('/', 1)[-1]}_{kind}")
-
-    @contextmanager
-    def _creation_lock(self, kind: Kind) -> Iterator[None]:
-        """Held while table ``kind`` is created, so that a racing creator (another thread or process of the first
-        steps of a source) never takes the other's creation in progress for an interrupted one: an exclusive
-        ``flock`` on ``<source>/.<kind>.create.lock`` (released by the kernel when its holder dies).  Object
-        stores have no such lock: there, first steps of a source must not race."""
-        local = self._local_uri()
-        if local is None:
-            yield
-            return
-        os.makedirs(local, exist_ok=True)
-        with open(os.path.join(local, f".{kind}.create.lock"), "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-    def _local_uri(self) -> str | None:
-        """The source's directory when the warehouse is on a local filesystem, else None."""
-        return None if "://" in self.uri and not self.uri.startswith("file://") else self.uri.removeprefix("file://")
-
-    def _clear_interrupted_creation(self, kind: Kind) -> None:
-        """Remove a ``_delta_log`` holding no commit (a creation killed before its first commit), which Delta
-        would otherwise take for a table that does not exist.  It holds no data: nothing is lost."""
-        log_dir = f"{kind}/_delta_log"
-        local = None if self._local_uri() is None else os.path.join(self._local_uri(), log_dir)
-        if local is not None:
-            names = os.listdir(local) if os.path.isdir(local) else None
-        else:  # object stores have no empty directories
-            fs = self._fs()
-            names = [e.base_name for e in fs.get_file_info(pafs.FileSelector(log_dir, allow_not_found=True))] or None
-        if names is None or any(n.endswith(".json") and not n.startswith(".") or "checkpoint" in n for n in names):
-            return
-        log.warning("%s/%s: removing the log of a table creation that never committed: %s", self.uri, kind, names)
-        if local is not None:
-            shutil.rmtree(local)
-        else:
-            fs.delete_dir(log_dir)
+            create_table(self.table_uri(kind), self.schemas[kind], f"{self.uri.rsplit('/', 1)[-1]}_{kind}",
+                         self.storage_options)
 
     def check_schemas(self) -> None:
         """:class:`WarehouseError` if a table exists with another schema than this source's."""
@@ -529,12 +502,14 @@ class SourceTables:
         tick stored after ``remap_before`` was read: :class:`ConcurrentWriteError` and nothing written, whether it
         committed before this one read the table (its stored version says so) or while this one prepared its
         commit (it carries ``reclock.remap`` too: Delta's conflict check refuses this one), so racing ticks (a
-        schedule and a manual run, two workers) never count an increment twice.  The first rows of a table not
-        created yet go through Spark (:func:`compare_and_append`).
+        schedule and a manual run, two workers) never count an increment twice.  A missing table is created first
+        (:func:`create_table`, delta-rs too).
         """
         version = remap_after.upper - 1
-        dt = self._table_or_none("remap")
-        stored = -1 if dt is None else app_version(dt, REMAP_APP, -1)
+        if (dt := self._table_or_none("remap")) is None:
+            self._create_table_if_absent("remap")
+            dt = self.table("remap")
+        stored = app_version(dt, REMAP_APP, -1)
         if stored >= version:
             return False
         if remap_after.upper <= remap_before.upper:
@@ -545,11 +520,7 @@ class SourceTables:
                                        f"{self.uri} has upper {stored + 1}: another tick committed; nothing written")
         rows = self._remap_rows(r for r in remap_after.increments() if r.into_time >= remap_before.upper)
         metadata = None if upstream is None else {"into_time": version, "upstream": [list(u) for u in upstream]}
-        if dt is None:
-            compare_and_append(self._frame("remap", rows), self.table_uri("remap"), self.schemas["remap"].names,
-                               REMAP_APP, version, None, metadata)
-        else:
-            self._commit_rows(dt, "remap", rows, REMAP_APP, version, metadata)
+        self._commit_rows(dt, "remap", rows, REMAP_APP, version, metadata)
         if self._has_many_small_files("remap"):  # a file per tick: keep reads cheap
             try:
                 self._optimize("remap")
@@ -597,14 +568,22 @@ class SourceTables:
 
     def record_upstream(self, record: UpstreamRecord) -> None:
         """Record the start frontier, the upstream's identity, the gaps and the epochs in the remap table's
-        properties (one commit)."""
+        properties, in one delta-rs commit (no JVM).  Any commit landing while it is prepared (a racing tick, a
+        racing ``accept-lost`` or new epoch) refuses it, never retried over it, so a record is never written over
+        one it did not read: :class:`ConcurrentWriteError`, nothing recorded."""
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+
         values = {START_PROPERTY: json.dumps([list(pair) for pair in record.start]),
                   IDENTITY_PROPERTY: json.dumps(record.identity, sort_keys=True),
                   GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True),
                   EPOCHS_PROPERTY: json.dumps(record.epochs, sort_keys=True)}
-        assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in values.items())
-        with _conflicts_as(f"{self.uri}: another writer changed remap's properties; nothing recorded"):
-            self.spark.sql(f"ALTER TABLE delta.`{self.spark_uri('remap')}` SET TBLPROPERTIES ({assignments})")
+        try:
+            self.table("remap").alter.set_table_properties(
+                values, raise_if_not_exists=False, commit_properties=CommitProperties(max_commit_retries=0))
+        except CommitFailedError as e:
+            raise ConcurrentWriteError(f"{self.uri}: another writer committed to remap while its properties were "
+                                       f"recorded ({str(e).splitlines()[0]}); nothing recorded") from None
 
     # --- landing ------------------------------------------------------------------------
 
@@ -1130,10 +1109,6 @@ def txn_processed_upto(warehouse: Warehouse, name: str) -> int:
 def app_version(dt: DeltaTable, app_id: str, default: int) -> int:
     version = dt.transaction_version(app_id)
     return default if version is None else version
-
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _files_with_rows(dt: DeltaTable) -> pa.Table:
