@@ -135,8 +135,10 @@ def test_racing_runs_end_cleanly(kafka_broker, spark, spark_connect, source):
 
 
 def _ends(output: str) -> str:
-    """A failed process's output for the assertion: its first lines (the Python traceback) and its last ones."""
-    return output if len(output) <= 6000 else f"{output[:3000]}\n...\n{output[-3000:]}"
+    """A failed process's output for the assertion: from its Python traceback on (its start when it has none),
+    the first 4,000 characters and the last 2,000 (a JVM's stack trace fills the rest)."""
+    output = output[max(output.find("Traceback"), 0):]
+    return output if len(output) <= 6000 else f"{output[:4000]}\n...\n{output[-2000:]}"
 
 
 #: A publishing run whose window a tick moved between its stage and its publish refuses with one of these, and
