@@ -276,6 +276,9 @@ def _save(writer, uri: str, app_id: str, version: int) -> None:
 
 
 _COMMITS = {REMAP_APP: "tick", RECLOCKED_APP: "publish", SINCE_APP: "compact"}  # their names in reclock.points
+#: A compaction rewrite that a racing commit (a tick's rows, another compaction) made Delta refuse.
+_REWRITE_RACED = ("{uri}: another writer committed while compaction rewrote the rows up to since; nothing rewritten "
+                  "(the next compaction does it)")
 
 
 @contextmanager
@@ -929,7 +932,8 @@ class SourceTables:
 
     def compact(self, since: int, retention_hours: float = VACUUM_RETENTION_HOURS, *,
                 offsets_unique: bool = False) -> None:
-        """Compact both tables to ``since``; every step is idempotent, so rerun after a crash.
+        """Compact both tables to ``since``; every step is idempotent, so rerun after a crash, or after a rewrite
+        that a racing commit made Delta refuse (:class:`ConcurrentWriteError`: nothing of it rewritten).
 
         1. record ``since`` (queries before it are refused from then on);
         2. fold remap increments at or before ``since`` into one row per partition at ``since``;
@@ -1020,7 +1024,8 @@ class SourceTables:
         if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
-        with points.commit("compact-remap", self.table_uri("remap")):
+        with _conflicts_as(_REWRITE_RACED.format(uri=self.table_uri("remap"))), \
+                points.commit("compact-remap", self.table_uri("remap")):
             (self._frame("remap", rows).write.format("delta").mode("overwrite")
              .option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("remap")))
         return True
@@ -1046,7 +1051,8 @@ class SourceTables:
         if stats["lo"] == since and consolidated.count() == stats["n"]:
             return False
         files = max(1, -(-self._bytes_at_or_before("reclocked", since) // COMPACTED_FILE_BYTES))
-        with points.commit("compact-reclocked", self.table_uri("reclocked")):
+        with _conflicts_as(_REWRITE_RACED.format(uri=self.table_uri("reclocked"))), \
+                points.commit("compact-reclocked", self.table_uri("reclocked")):
             (consolidated.select(*self.schemas["reclocked"].names).coalesce(files).write.format("delta")
              .mode("overwrite").option("replaceWhere", f"into_time <= {since}").save(self.spark_uri("reclocked")))
         return True
