@@ -58,7 +58,7 @@ def _warm_delta(spark, rounds: int = 3) -> None:
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from reclock.warehouse import spark_frame
+    from reclock.storage import spark_frame
 
     with tempfile.TemporaryDirectory(prefix="reclock-warm-") as scratch:
         rows = pa.table({"id": pa.array(range(100), pa.int64()), "value": [str(i % 7) for i in range(100)]})

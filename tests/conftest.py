@@ -223,7 +223,7 @@ def stage_parquet(tables, upto: int, rows: list[dict], schema=None) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from reclock.warehouse import SUCCESS
+    from reclock.storage import SUCCESS
 
     directory = tables.staging_dir(upto)
     os.makedirs(directory)

@@ -22,7 +22,7 @@ from reclock.sinks import SinkError, write_cdcv2
 from reclock.sources import build_source
 from reclock.sources.base import SourceError
 from reclock.sources.cdcv2 import FINISHED, open_transport, transport_texts
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 
 # Non-negative multiplicities at every time; retractions at later times than their insertions.
 HISTORY = [("a", 0, 1), ("b", 0, 2), (("x", 1), 3, 1), (7, 5, 1), ("b", 8, -1), ("c", 12, 1), ("a", 15, -1),

@@ -42,5 +42,5 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_the_private_import_rule_sees_one(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from .warehouse import _app_version, Warehouse\nfrom reclock.x import _y\nimport os\n")
-    assert private_imports(module) == [".warehouse -> _app_version", "reclock.x -> _y"]
+    module.write_text("from .storage import _app_version, Warehouse\nfrom reclock.x import _y\nimport os\n")
+    assert private_imports(module) == [".storage -> _app_version", "reclock.x -> _y"]

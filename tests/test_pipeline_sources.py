@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from conftest import edit_config, fresh_database, over_connect, write_sources_config
-from reclock import check_log, pipeline, warehouse
+from reclock import check_log, pipeline
 from reclock import runtime
 from devtools.kafka_broker import create_topic, produce
 from reclock.checks import ChecksFailed
@@ -24,7 +24,7 @@ from reclock.engine import Frontier
 from reclock.query import readable, register_as_of
 from reclock.sources.base import SourceError
 from reclock.sources.files import FileSource
-from reclock.warehouse import WarehouseError
+from reclock.storage import DEAD_LETTER_APP, RECLOCKED_APP, WarehouseError, commits
 
 pytestmark = pytest.mark.slow
 
@@ -361,7 +361,7 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     first = pipeline.run_once("events", config, spark, now=1_000)
     assert first["stage"]["dead_letters"] == 0 and first["publish"]["published"]
     with runtime.open_source("events", config, connect=False) as ctx:  # nothing to add: no dead-letter commit
-        assert ctx.tables._app_version("dead_letter", warehouse.DEAD_LETTER_APP, -1) == -1
+        assert ctx.tables._app_version("dead_letter", DEAD_LETTER_APP, -1) == -1
         assert ctx.tables.dead_letter_count() == 0  # the table is there, empty
 
     produce(kafka_broker, topic, [("k", "ok-3"), ("k", b"\xff\xfe not utf-8"), ("k", "ok-4")], partition=0)  # 2..4
@@ -394,10 +394,10 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
 
     # A publish cut after the dead letters and before the records; the next tick brings one more bad record, and
     # the batch is staged again over the longer window: each dead letter is in the table once.
-    real = warehouse._commit_added  # the reclocked commit (the dead letters' is delta-spark's compare_and_append)
+    real = commits.commit_added  # the reclocked commit (the dead letters' is delta-spark's compare_and_append)
 
     def cut(dt, added, app_id, version, metadata=None):
-        if app_id == warehouse.RECLOCKED_APP:
+        if app_id == RECLOCKED_APP:
             raise RuntimeError("killed between the dead-letter and the reclocked commits")
         real(dt, added, app_id, version, metadata)
 
@@ -405,10 +405,10 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
     pipeline.tick("events", config, now=3_000, spark=spark)
     pipeline.stage("events", config, spark)
     pipeline.check("events", config)
-    monkeypatch.setattr(warehouse, "_commit_added", cut)
+    monkeypatch.setattr(commits, "commit_added", cut)
     with pytest.raises(RuntimeError, match="killed"):
         pipeline.publish("events", config, spark)
-    monkeypatch.setattr(warehouse, "_commit_added", real)
+    monkeypatch.setattr(commits, "commit_added", real)
     with runtime.open_source("events", config, connect=False, spark=spark) as ctx:
         assert (ctx.tables.dead_letter_count(), ctx.tables.reclocked_upper()) == (3, 2_001)
     produce(kafka_broker, topic, [("k", "ok-5")], partition=1)  # offset 2

@@ -37,7 +37,7 @@ from reclock.progress import UpstreamUnreachable, collect, data_docs_file, probe
 from reclock.sources.kafka import CLIENT_LOGGER
 from reclock.progress_view import (MARGIN_LEFT, MARGIN_RIGHT, WIDTH, chart_svg, downsample, fmt_duration, legend,
                                    render_checks, render_page, render_source, series, time_ticks, value_ticks)
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

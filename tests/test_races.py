@@ -27,7 +27,7 @@ from conftest import assert_reclocked_is_replay, over_connect, run_cli, write_co
 from devtools.kafka_broker import produce
 from reclock import pipeline, runtime
 from reclock.engine import Frontier
-from reclock.warehouse import ConcurrentWriteError, SourceTables
+from reclock.storage import ConcurrentWriteError, SourceTables
 
 pytestmark = pytest.mark.slow
 

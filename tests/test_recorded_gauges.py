@@ -29,7 +29,7 @@ from reclock.offsets import OffsetError
 from reclock.sources import SourceError, build_source
 from reclock.sources.recorded import RecordedSource
 from reclock.spark_source import Segment, output_arrow_schema, read_segment_batches, segments
-from reclock.warehouse import Warehouse, WarehouseError
+from reclock.storage import Warehouse, WarehouseError
 
 # --- recorded data --------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ pytest.importorskip("moto.server")
 from reclock.engine import Frontier, Remap, Update, reclock  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.files import COMMITTED_NAME, FileSource, fingerprint  # noqa: E402
-from reclock.warehouse import SUCCESS, Warehouse  # noqa: E402
+from reclock.storage import SUCCESS, Warehouse  # noqa: E402
 
 BUCKET = "reclock-test"
 KEY, SECRET, REGION = "testing", "testing", "us-east-1"
@@ -295,7 +295,7 @@ def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
 CREATE_ON_S3 = """
 import json, sys, time
 import pyarrow as pa
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 root, options, start = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
 while time.time() < start:  # start together
     pass
@@ -309,7 +309,7 @@ def test_racing_first_steps_create_each_table_once_on_s3(s3_endpoint, s3fs_, pre
     creation at version 1), and every process goes on with it."""
     import json
 
-    from reclock.warehouse import KINDS
+    from reclock.storage import KINDS
 
     for round_ in range(3):
         root = f"s3://{BUCKET}/{prefix}/w{round_}"

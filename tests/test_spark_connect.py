@@ -84,7 +84,7 @@ GUARDS = """
 from pyspark.sql import functions as F
 from reclock.spark_session import get_spark
 from reclock.spark_source import source_error, worker_source_error
-from reclock.warehouse import ConcurrentWriteError, compare_and_append, create_table, remap_schema, spark_frame
+from reclock.storage import ConcurrentWriteError, compare_and_append, create_table, remap_schema, spark_frame
 import pyarrow as pa
 spark = get_spark(remote=URL)
 schema = remap_schema(pa.int32())

@@ -1,4 +1,4 @@
-"""Other Delta users of reclock's tables (issue 37 item 2, :mod:`reclock.table_protocol`): what a delta-spark user
+"""Other Delta users of reclock's tables (issue 37 item 2, :mod:`reclock.storage.table_protocol`): what a delta-spark user
 changes that reclock goes on with, and what stops a source, naming the table and what it needs, with nothing
 written.  The law as a table, then real tables changed with delta-spark."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from conftest import stage_parquet
 from deltalake import DeltaTable
 
 from reclock.engine import Frontier, Remap
-from reclock.table_protocol import Protocol, protocol_problems
-from reclock.warehouse import Warehouse, WarehouseError
+from reclock.storage.table_protocol import Protocol, protocol_problems
+from reclock.storage import Warehouse, WarehouseError
 
 DATA = pa.schema([("value", pa.string())])
 

@@ -19,7 +19,7 @@ from reclock.engine.transactions import (
 )
 from reclock.sources.kafka import KafkaSource
 from reclock.transactions import collection_of, parse_data, parse_tx
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

@@ -11,7 +11,7 @@ from reclock.pipeline import _consumers_progress
 from reclock.runtime import Runtime
 from reclock.sources.kafka import KafkaSource
 from reclock.transactions import TEMP_APP, TxnTables
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 
 
 def write_config(tmp_path, transactions, tx_kind="kafka"):

@@ -25,9 +25,10 @@ from deltalake import DeltaTable
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from reclock import warehouse
+from reclock import storage
+from reclock.storage.files import parquet_stats
 from reclock.engine import Frontier, Increment, Remap, Update, as_of, compact_updates, reclock
-from reclock.warehouse import (KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, UpstreamRecord, Warehouse,
+from reclock.storage import (KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, UpstreamRecord, Warehouse,
                                WarehouseError, vacuum_due)
 
 DATA = pa.schema([("value", pa.string())])
@@ -238,11 +239,11 @@ def test_published_file_statistics_keep_strings_only_short_and_ascii(tmp_path):
     must order as Delta orders strings; a missing one only skips nothing)."""
     import pyarrow.parquet as pq
 
-    long = "x" * (warehouse.STATS_STRING_CHARS + 1)
+    long = "x" * (storage.STATS_STRING_CHARS + 1)
     table = pa.table({"n": pa.array([3, None, -7], pa.int64()), "short": ["b", None, "a"],
                       "long": ["a", long, "b"], "accent": ["é", "a", "b"]})
     pq.write_table(table, tmp_path / "f.parquet", row_group_size=2)  # bounds over two row groups
-    stats = warehouse._parquet_stats(pq.read_metadata(tmp_path / "f.parquet"), warehouse.STATS_STRING_CHARS)
+    stats = parquet_stats(pq.read_metadata(tmp_path / "f.parquet"), storage.STATS_STRING_CHARS)
     assert stats == {"numRecords": 3, "minValues": {"n": -7, "short": "a"}, "maxValues": {"n": 3, "short": "b"},
                      "nullCount": {"n": 1, "short": 1, "long": 0, "accent": 0}}
 
@@ -284,7 +285,7 @@ def history(built_history, tmp_path, spark):
 @pytest.mark.parametrize("offsets_unique", [False, True])  # the history has one row per offset: the same result
 def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_unique, monkeypatch):
     tables, remap, updates = history
-    monkeypatch.setattr(warehouse, "SMALL_FILES_MAX", 1)  # the few small files of the history are many
+    monkeypatch.setattr(storage.tables, "SMALL_FILES_MAX", 1)  # the few small files of the history are many
     before = tables.read_reclocked_arrow().to_pylist()
     first_files = tables.snapshot_files("reclocked", 1)
     assert first_files and all(os.path.exists(f) for f in first_files)
@@ -338,7 +339,7 @@ def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch)
     """OPTIMIZE leaves files of ``OPTIMIZE_MIN_FILE_BYTES`` or more alone (here: every file): the files the
     consolidation just wrote are not rewritten a second time."""
     tables, remap, _ = history
-    monkeypatch.setattr(warehouse, "OPTIMIZE_MIN_FILE_BYTES", 1)
+    monkeypatch.setattr(storage.tables, "OPTIMIZE_MIN_FILE_BYTES", 1)
     version, files = tables.version("reclocked"), tables.snapshot_files("reclocked")
     tables.compact(25)
     assert tables.read_remap() == remap.compact(25)
@@ -454,7 +455,7 @@ def test_staged_but_unpublished_files_leave_the_table_unchanged(spark, tables):
 
 
 def test_many_ticks_keep_the_remap_table_small(tables, monkeypatch):
-    monkeypatch.setattr(warehouse, "SMALL_FILES_MAX", 3)  # small, so that a few ticks (commits) exceed it
+    monkeypatch.setattr(storage.tables, "SMALL_FILES_MAX", 3)  # small, so that a few ticks (commits) exceed it
     remaps = ticks(Remap(), *[(t, {0: t, 1: 2 * t}) for t in range(1, 5)])
     for before, after in zip(remaps, remaps[1:]):
         assert tables.append_binding(before, after)
@@ -510,7 +511,7 @@ def test_append_binding_refuses_when_another_tick_stored_increments(tables):
     base = store(tables, ticks(Remap(), (5, {0: 3})))
     first, second = base.mint(8, Frontier.of({0: 6})), base.mint(9, Frontier.of({0: 6}))
     assert tables.append_binding(base, first)
-    with pytest.raises(warehouse.ConcurrentWriteError, match="another tick committed"):
+    with pytest.raises(storage.ConcurrentWriteError, match="another tick committed"):
         tables.append_binding(base, second)
     assert tables.read_remap() == first
 
@@ -522,7 +523,8 @@ def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, m
     (after it read remap) makes Delta refuse it: it writes nothing."""
     base = store(tables, ticks(Remap(), (5, {0: 3})))
     files, upstream = tables.snapshot_files("remap"), Frontier.of({0: 3 + moved})
-    monkeypatch.setattr(warehouse, "compare_and_append", lambda *args, **kw: pytest.fail("a tick ran Spark"))
+    for writer in ("append", "compare_and_append"):  # delta-spark's commits
+        monkeypatch.setattr(storage.commits, writer, lambda *args, **kw: pytest.fail("a tick ran Spark"))
     first, second = (base.mint(t, upstream) for t in (7, 8))
     remap_rows = tables._remap_rows
 
@@ -532,7 +534,7 @@ def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, m
         return remap_rows(rows)
 
     monkeypatch.setattr(tables, "_remap_rows", racing_rows)
-    with pytest.raises(warehouse.ConcurrentWriteError, match="another writer committed reclock.remap"):
+    with pytest.raises(storage.ConcurrentWriteError, match="another writer committed reclock.remap"):
         tables.append_binding(base, second, upstream=upstream)
     assert tables.remap_upper() == 8 and tables.read_remap() == first
     seen = upstream.join(Frontier.of({1: 2})) if moved else upstream
@@ -552,8 +554,8 @@ def test_compare_and_append_checks_inside_the_delta_transaction(tables):
     uri, names = tables.table_uri("remap"), tables.schemas["remap"].names
     racer = base.mint(7, Frontier.of({0: 5}))
     assert tables.append_binding(base, racer)  # lands after the frame was built, before its write
-    with pytest.raises(warehouse.ConcurrentWriteError):
-        warehouse.compare_and_append(rows, uri, names, REMAP_APP, late.upper - 1, read_max_into_time=5)
+    with pytest.raises(storage.ConcurrentWriteError):
+        storage.compare_and_append(rows, uri, names, REMAP_APP, late.upper - 1, read_max_into_time=5)
     assert tables.read_remap() == racer
 
 
@@ -567,7 +569,7 @@ def test_a_guarded_commit_leaves_the_sessions_conf_as_it_was(tables, spark, befo
         base = store(tables, ticks(Remap(), (5, {0: 3})))
         late = base.mint(8, Frontier.of({0: 6}))
         rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:]))
-        warehouse.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names, REMAP_APP,
+        storage.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names, REMAP_APP,
                                      late.upper - 1, read_max_into_time=5)
         assert tables.read_remap() == late and spark.conf.get(key, None) == before
     finally:
@@ -591,8 +593,8 @@ def test_compare_and_append_refuses_a_commit_landing_while_its_job_runs(tables, 
     racing = threading.Thread(target=lambda: (time.sleep(1.5), tables.append_binding(base, racer)))
     racing.start()
     try:
-        with pytest.raises(warehouse.ConcurrentWriteError):
-            warehouse.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names,
+        with pytest.raises(storage.ConcurrentWriteError):
+            storage.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names,
                                          REMAP_APP, late.upper - 1, read_max_into_time=5)
     finally:
         racing.join()
@@ -612,7 +614,7 @@ def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
         return check(*args)
 
     monkeypatch.setattr(tables, "_check_staged", racing_check)
-    with pytest.raises(warehouse.ConcurrentWriteError):  # [5, 6] would publish offset 0 a second time
+    with pytest.raises(storage.ConcurrentWriteError):  # [5, 6] would publish offset 0 a second time
         tables.publish_staged(6)
     assert tables.reclocked_upper() == 6
     assert tables.read_reclocked_arrow().to_pylist() == [row]
@@ -661,7 +663,7 @@ def test_a_table_creation_killed_before_its_first_commit_does_not_wedge_the_sour
 CREATE = """
 import sys, time
 import pyarrow as pa
-from reclock.warehouse import Warehouse
+from reclock.storage import Warehouse
 while time.time() < float(sys.argv[2]):  # start together
     pass
 Warehouse(sys.argv[1]).source("s", pa.int32(), pa.schema([("value", pa.string())]), create=True)

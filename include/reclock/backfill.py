@@ -8,7 +8,7 @@ compares the result with the published reclocked rows of the window:
 * ``mode="verify"`` returns a report when both are identical and raises
   :class:`BackfillError`, listing a few differing rows, when they are not;
 * ``mode="repair"`` replaces the window's published rows by the replayed ones in one Delta
-  commit (:meth:`~reclock.warehouse.SourceTables.replace_reclocked`) when they differ, then
+  commit (:meth:`~reclock.storage.SourceTables.replace_reclocked`) when they differ, then
   verifies again.  The app transactions (``reclocked_upper``) are left as they were.
 
 Identical means the same multiset of rows: every column, including ``diff``, compared by a
@@ -54,7 +54,7 @@ from .engine.upstream import clip_ranges, identity_problems, replay_problem
 from .pipeline import read_bound
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import identity_of, released_frontier
-from .warehouse import RECLOCKED_APP, UpstreamRecord, app_version
+from .storage import RECLOCKED_APP, UpstreamRecord, app_version
 
 log = logging.getLogger("reclock")
 

@@ -3,7 +3,7 @@
 ``pipeline.check`` records every run here (success or failure) before it raises, so
 the progress view can show the last results without Airflow's XComs.  The record lives
 at ``<warehouse>/<source>/last_check.json``, beside the ``remap`` and ``reclocked``
-Delta tables: a side file (:mod:`reclock.side_files`), replaced whole by each check.
+Delta tables: a side file (:mod:`reclock.storage.side_files`), replaced whole by each check.
 
 It is reclock's own small record of pass/fail per window (what ``publish`` requires); the full results are
 in the source's Great Expectations stores, and ``data_docs`` is the folder of its Data Docs site
@@ -22,14 +22,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from .clock import now_ms
-from .side_files import read_json, write_json
+from .storage.side_files import read_json, write_json
 
 if TYPE_CHECKING:
     from .checks import CheckReport
 
 
 class Located(Protocol):
-    """Where a source's tables live (:class:`reclock.warehouse.SourceTables` is one)."""
+    """Where a source's tables live (:class:`reclock.storage.SourceTables` is one)."""
 
     uri: str
     storage_options: Mapping[str, str] | None

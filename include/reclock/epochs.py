@@ -20,7 +20,7 @@ from .engine.upstream import (identity_problems, lost_ranges, new_epoch_problems
 from .pipeline import UPSTREAM_HELP, published_frontier, upstream_record_of
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import SourceError, Snapshotting, identity_of, offers, released_frontier, starting_frontier
-from .warehouse import ConcurrentWriteError, UpstreamRecord
+from .storage import ConcurrentWriteError, UpstreamRecord
 
 log = logging.getLogger("reclock")
 

@@ -19,7 +19,7 @@ from .engine.upstream import (clip_ranges, identity_problems, lost_problems, tic
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import (LandsTicks, PrimaryKeys, Snapshotting, SourceError, TableColumns, Truncating, identity_of,
                            offers, released_frontier, starting_frontier)
-from .warehouse import ConcurrentWriteError, SourceTables, UpstreamRecord, txn_processed_upto
+from .storage import ConcurrentWriteError, SourceTables, UpstreamRecord
 
 log = logging.getLogger("reclock")
 
@@ -451,7 +451,7 @@ def compact(name: str, runtime: Where = None, now: int | None = None, spark=None
 
 def _consumers_progress(name: str, runtime: Runtime) -> list[int]:
     """Last IntoTime processed by each transactions step reading ``name``: compaction must wait for them."""
-    return [txn_processed_upto(runtime.warehouse, t.name) for t in runtime.config.transactions.values()
+    return [runtime.warehouse.txn_processed_upto(t.name) for t in runtime.config.transactions.values()
             if name in (t.data_source, t.tx_source)]
 
 

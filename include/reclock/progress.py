@@ -42,7 +42,7 @@ from .engine.upstream import to_gauge
 from .sources import SourceError, build_source, source_options
 from .sources.kafka import CLIENT_LOGGER
 from .clock import now_ms
-from .warehouse import SourceTables, Warehouse
+from .storage import SourceTables, Warehouse
 
 #: The client timeout (``timeout_s``) an upstream is asked with, at most (seconds).
 UPSTREAM_TIMEOUT_S = 3.0

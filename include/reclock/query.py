@@ -139,7 +139,7 @@ def publish_as_of(target: str, sql: str, names: list[str], runtime: Where = None
     idempotent), those of other times are kept.  ``{"as_of": None}`` when no IntoTime is readable in all."""
     from pyspark.sql import functions as F
 
-    from .warehouse import is_delta_table
+    from .storage import is_delta_table
 
     runtime = Runtime.of(runtime, spark)
     if target in runtime.config.sources:

@@ -4,7 +4,7 @@ Contract:
 
 * A process parses its sources file once (:meth:`Runtime.load`); every step, command and page of the
   process is handed that runtime (``step(name, runtime)``) and takes what it needs from it: the
-  :class:`~reclock.config.Config`, the :class:`~reclock.warehouse.Warehouse`, a source opened for the step
+  :class:`~reclock.config.Config`, the :class:`~reclock.storage.Warehouse`, a source opened for the step
   (:meth:`Runtime.source`: its adapter, its tables), and a Spark session.
 * Spark is lazy: :meth:`Runtime.spark` starts (or connects to) the configured session on first use, and a
   source's tables ask for it only when a write needs it (creating a missing table, a Spark write).  A step
@@ -31,7 +31,7 @@ from .offsets import offset_type_of
 from .sources import build_source, source_class, source_options
 from .sources.base import Source
 from .sources.epoch import in_epoch
-from .warehouse import SourceTables, Warehouse
+from .storage import SourceTables, Warehouse
 
 
 class Runtime:

@@ -271,7 +271,7 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
 def split_bad_records(df, source: str):
     """``(records, dead letters)`` of a frame read with ``on_bad_record="dead_letter"``: the records that decoded,
     without :data:`BAD_RECORD_COLUMNS`, and the others as rows of source ``source``'s dead-letter table
-    (``source, partition, offset, into_time, key, value, error``: :func:`reclock.warehouse.dead_letter_schema`).
+    (``source, partition, offset, into_time, key, value, error``: :func:`reclock.storage.dead_letter_schema`).
     A frame read with ``fail`` has no bad records: ``(df, None)``."""
     from pyspark.sql import functions as F
 

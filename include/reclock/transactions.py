@@ -49,9 +49,9 @@ from .engine.transactions import (
     batches, fold_with_updates,
 )
 from .runtime import Runtime, Where
-from .warehouse import (
+from .storage import (
     RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, append, app_version, arrow_schema,
-    create_table, read_rows, same_columns, schema_diff, spark_frame, txn_table_uri,
+    create_table, read_rows, same_columns, schema_diff, spark_frame,
 )
 
 log = logging.getLogger("reclock")
@@ -160,7 +160,7 @@ class TxnTables:
         self.spark = spark
         self.storage_options = warehouse.storage_options
         self.data_columns = list(data_schema.names)
-        self.uris = {kind: txn_table_uri(warehouse, name, kind) for kind in ("output", "temp")}
+        self.uris = {kind: warehouse.txn_table_uri(name, kind) for kind in ("output", "temp")}
         located = [pa.field("partition", partition_type), pa.field("offset", pa.int64())]
         times = [pa.field("into_time", pa.int64()), pa.field("diff", pa.int64())]
         self.schemas = {

@@ -29,7 +29,7 @@ from ..sources.base import Source
 from ..sources.cdcv2 import FINISHED, open_transport, transport_texts
 from ..sources.files import FileSource
 from ..runtime import Runtime, Where
-from ..warehouse import RECLOCKED_APP, SourceTables, app_version
+from ..storage import RECLOCKED_APP, SourceTables, app_version
 
 
 class SinkError(RuntimeError):

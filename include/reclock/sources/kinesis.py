@@ -8,7 +8,7 @@ landed sequence number + 1.
 "last sequence number of shard s"), and GetRecords reads through an iterator, not by offset range, so
 :meth:`KinesisSource.upper` cannot be sampled and an offset range cannot be re-read cheaply later.  So
 each tick *takes* the new records (:meth:`KinesisSource.take`) and the pipeline lands them in the
-source's landing Delta table in one idempotent commit (:meth:`reclock.warehouse.SourceTables.land_more`),
+source's landing Delta table in one idempotent commit (:meth:`reclock.storage.SourceTables.land_more`),
 then binds what has landed.  Per shard the tick reads from its landed upper
 (``AFTER_SEQUENCE_NUMBER`` of the last landed record; ``TRIM_HORIZON`` for a shard never read), until
 GetRecords says ``MillisBehindLatest == 0`` with no more records (caught up), the shard ends (closed),

@@ -1,0 +1,125 @@
+"""The Delta tables of each source (``<root>/<name>/remap``, ``reclocked``, ``landing``, ``dead_letter``), and the
+commit protocol every commit to them follows.
+
+**The protocol.**  Progress lives in Delta *app transactions* (``txnAppId``/``txnVersion``, Delta's idempotent
+writes), committed atomically with the rows they describe:
+
+* remap, app ``reclock.remap``: version = remap upper - 1 (the last tick);
+* remap, app ``reclock.since``: version = the compaction frontier ``since``;
+* reclocked, app ``reclock.reclocked``: version = the last published IntoTime;
+* dead_letter, app ``reclock.dead_letter``: version = the last published IntoTime whose dead letters are in;
+* landing, app ``reclock.landing``: version = the number of landings.
+
+Every commit, its writer (:mod:`reclock.storage.commits` holds each mechanism), and why two racing writers (a
+schedule and a manual run, two workers, a retried task beside a slow one) cannot both win:
+
+==========================  ===========  ====================  ==================================================
+commit                      table        writer                a racing writer loses because
+==========================  ===========  ====================  ==================================================
+creation                    each         delta-rs              version 0 is claimed with put-if-absent and never
+                                                               retried at another version: one creation wins, the
+                                                               others find its table and check its schema
+tick (its rows, upstream)   remap        delta-rs              the stored ``reclock.remap`` is checked after the
+                                                               read, and Delta's conflict check refuses a commit
+                                                               when one carrying the same app landed since
+upstream record             remap        delta-rs              never retried: any commit since the read refuses it
+                                                               (properties never overwrite a record not read)
+publish (Spark's files)     reclocked    delta-rs              as a tick's, with ``reclock.reclocked``
+dead letters of a publish   dead_letter  delta-spark           compare-and-append: refused when rows or the app
+                                                               landed since the read
+landing                     landing      delta-spark           Delta skips an app version taken, which the writer
+                                                               sees; a growing landing compares uppers first
+``since``                   remap        delta-spark           idempotent: ``since`` only grows (max with stored)
+compaction rewrites         remap,       delta-spark           Delta refuses a ``replaceWhere`` that a racing
+                            reclocked    (``replaceWhere``)    commit added rows under; rows keep their sums, the
+                                                               next compaction finishes
+backfill repair             reclocked    delta-spark           as a compaction rewrite
+OPTIMIZE, VACUUM            each         delta-spark           OPTIMIZE changes no row; VACUUM deletes only files
+                                                               no version within the retention reads
+==========================  ===========  ====================  ==================================================
+
+A write whose app version is not above the stored one commits nothing, so a step rerun after a crash commits
+nothing twice; a conflict is :class:`ConcurrentWriteError` naming the table and what was not written.  A table
+another Delta writer changed beyond what reclock reads and writes is refused when opened
+(:mod:`reclock.storage.table_protocol`).  Each commit is observed as :mod:`reclock.points`'s commit of its name (the
+crash points of the fault tests).  delta-rs claims a version with put-if-absent on a local disk and on S3;
+delta-spark's default S3 log store keeps racing commits apart only within one Spark driver (docs/limitations.md).
+
+**The modules.**  :mod:`~reclock.storage.layout` (where things lie, schemas, errors), :mod:`~.commits` (every
+commit), :mod:`~.files` (Parquet footers and Delta statistics, no JVM), :mod:`~.tables` (opening, creating,
+reading, the tick), :mod:`~.upstream`, :mod:`~.landing`, :mod:`~.staging` (staged batches and their publish),
+:mod:`~.compaction`, :mod:`~.side_files` (JSON documents beside the tables), :mod:`~.frames` (Spark frames of Arrow
+rows).  Reads that need no JVM use delta-rs (versions, app transactions, remap, file statistics); everything else
+reads through Spark, AS OF reads at a pinned table version (``versionAsOf``).
+"""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from .. import offsets
+from .commits import (DEAD_LETTER_APP, LANDING_APP, RECLOCKED_APP, REMAP_APP, SINCE_APP, TXN_OUTPUT_APP, TXN_TEMP_APP,
+                      append, app_version, compare_and_append, create_table)
+from .compaction import VACUUM_RETENTION_HOURS, CompactingTables, vacuum_due
+from .files import STATS_STRING_CHARS, read_rows
+from .frames import is_delta_table, spark_frame
+from .landing import LandingTables
+from .layout import (KINDS, SUCCESS, ConcurrentWriteError, Kind, WarehouseError, arrow_schema, dead_letter_schema,
+                     reclocked_schema, remap_schema, same_columns, schema_diff, spark_uri)
+from .staging import StagingTables
+from .upstream import UpstreamRecord, UpstreamTables
+
+__all__ = [
+    "DEAD_LETTER_APP", "KINDS", "LANDING_APP", "RECLOCKED_APP", "REMAP_APP", "SINCE_APP", "STATS_STRING_CHARS",
+    "SUCCESS", "TXN_OUTPUT_APP", "TXN_TEMP_APP", "VACUUM_RETENTION_HOURS", "ConcurrentWriteError", "Kind",
+    "SourceTables", "UpstreamRecord", "Warehouse", "WarehouseError", "append", "app_version", "arrow_schema",
+    "compare_and_append", "create_table", "dead_letter_schema", "is_delta_table", "read_rows", "reclocked_schema",
+    "remap_schema", "same_columns", "schema_diff", "spark_frame", "vacuum_due",
+]
+
+
+class SourceTables(StagingTables, LandingTables, UpstreamTables, CompactingTables):
+    """The Delta tables of one source: remap and reclocked, the landing and dead letters (see the modules)."""
+
+
+class Warehouse:
+    """A root URI (local path, or e.g. ``s3://bucket/prefix`` with deltalake ``storage_options``)."""
+
+    def __init__(self, root: str, storage_options: dict | None = None):
+        self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
+        self.storage_options = storage_options
+
+    def source_uri(self, name: str) -> str:
+        """Where source ``name``'s tables (and its last check record) live."""
+        return f"{self.root}/{name}"
+
+    def spark_uri(self, name: str) -> str:
+        """``name``'s place in the warehouse as Spark spells it (``s3a://`` for S3)."""
+        return spark_uri(self.source_uri(name))
+
+    def source(self, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
+               offset_type: pa.DataType = offsets.INT64, spark=None, create: bool | None = None) -> SourceTables:
+        """The tables of source ``name`` (``spark``: see :class:`SourceTables`); ``create`` (default: whether a
+        ``spark`` is given): created when missing, the schemas of those that exist checked."""
+        tables = SourceTables(self.source_uri(name), partition_type, data_schema, self.storage_options,
+                              offset_type=offset_type, spark=spark)
+        if create if create is not None else spark is not None:
+            tables.create_if_absent()
+        else:
+            tables.check_schemas()
+        return tables
+
+    def txn_table_uri(self, name: str, kind: str) -> str:
+        """Where the ``output`` or ``temp`` table of transactions step ``name`` lives."""
+        return f"{self.root}/{name}_txn_{kind}"
+
+    def txn_processed_upto(self, name: str) -> int:
+        """Last IntoTime transactions step ``name`` has processed (-1: none): its sources may compact up to it."""
+        try:
+            dt = DeltaTable(self.txn_table_uri(name, "temp"), storage_options=self.storage_options)
+        except TableNotFoundError:
+            return -1
+        return app_version(dt, TXN_TEMP_APP, -1)
