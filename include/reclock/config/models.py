@@ -1,53 +1,12 @@
-"""The sources file: where the warehouse is, which Spark master to use, and which sources to reclock.
-
-The file is a pydantic v2 model (:func:`sources_file_model`): :class:`SparkSettings`, one
-:class:`SourceConfig` subclass per registered kind (``kind`` is the discriminator; its ``options``
-are a model made from the kind's constructor) and :class:`TransactionsConfig` entries.  Its JSON
-schema (:func:`config_schema`, ``reclock config-schema``) is committed as ``docs/sources.schema.json``
-for editors.
-
-``load_config(path)`` reads YAML (default: ``$RECLOCK_CONFIG`` or ``include/sources.yaml``),
-expands ``${VAR}`` / ``${VAR:-default}`` in string values, applies the
-``RECLOCK_WAREHOUSE``, ``RECLOCK_SPARK_MASTER`` and ``RECLOCK_SPARK_REMOTE`` overrides and validates the whole file
-before anything runs: every problem is one line ``<file>: <field>: <what is wrong>`` (the field
-names the entry, e.g. ``sources[0] (orders).options.topic``), and :class:`ConfigError` carries
-them all (``.problems``), not just the first, in the order of the file.  An entry whose name is
-wrong reports only that.
-
-A relative ``warehouse`` in the file is resolved against the parent of the
-file's directory (the repo root for ``include/sources.yaml``); a relative
-``RECLOCK_WAREHOUSE`` against the working directory.  URIs (``s3://...``) are
-kept as they are; a local warehouse must not be an existing file.
-
-What is checked, besides the keys each mapping may have:
-
-* ``kind`` and its options come from the source registry (:func:`reclock.sources.register_source`
-  adds a kind): the required options must be given (non-empty), and every option must be a parameter
-  of the kind's constructor (:func:`reclock.sources.source_options`), so a misspelt ``startng_offsets``
-  is refused.  Client properties go through the kind's own option for them (Kafka: ``config``,
-  a mapping of librdkafka properties).  An option annotated ``str``, ``int``, ``float``, ``bool``,
-  ``None``, a mapping or a sequence (or a union of those) must have such a value (booleans are not
-  numbers); a number must be ``>= 0``, a duration in seconds (``*_s``) ``> 0``.
-* ``schedule``: null (or ``"None"``: manual runs only), an Airflow preset (:data:`SCHEDULE_PRESETS`)
-  or a cron expression that croniter accepts, as Airflow's cron timetables require.  A ``transactions``
-  entry may also say ``assets`` (its default): it runs when both its sources have published (Airflow Assets).
-* ``retention_ms`` (the AS OF window compaction keeps, default 7 days) is an integer ``> 0``.
-* ``vacuum_retention_hours`` (how long VACUUM keeps files that compaction replaced; default the
-  AS OF window) may not be below the AS OF window unless ``force_vacuum: true``: a query or a
-  backfill reading a table version that compaction then replaced must still find its files.
-* ``on_bad_record`` (what staging does with a record it cannot decode): ``fail`` (the default: the step
-  fails naming source, partition and offset) or ``dead_letter`` (the record goes to the source's
-  dead-letter table and staging goes on), which the kind must support (:func:`reclock.sources.dead_letter_problem`).
-* names match ``[a-z][a-z0-9_]*`` and are unique; a ``transactions`` entry names two configured Kafka sources.
-* ``connection``: an Airflow connection id, for a kind with a ``connection_type`` (kafka, postgres), instead
-  of (not together with) the options it gives (``bootstrap_servers``, ``dsn``); :mod:`reclock.connections`
-  reads it when a step runs, loading the file does not.
+"""The sources file as pydantic v2 models: :class:`SparkSettings`, one :class:`SourceConfig` subclass per registered
+kind (``kind`` is the discriminator; its ``options`` a model made from the kind's constructor,
+:func:`sources_file_model`), :class:`TransactionsConfig`, and :class:`Config`, the loaded file every step asks.  A
+field's problem is raised as one ``reclock`` error whose message says what is wrong (:func:`_problems`), which
+:mod:`reclock.config.problems` places in the file.
 """
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime, timezone
@@ -55,17 +14,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
                       WithJsonSchema, WrapValidator, create_model, model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from .sources import ON_BAD_RECORD, SourceError, SourceKind, dead_letter_problem, source_kind, source_kinds, source_options
+from ..sources import ON_BAD_RECORD, SourceError, SourceKind, dead_letter_problem, source_kind, source_kinds, source_options
 
-#: The demo's sources file, beside the package in a checkout (``include/sources.yaml``); an installed reclock has
-#: none, and is given its file (``--config``, ``$RECLOCK_CONFIG``).
-DEFAULT_PATH = Path(__file__).resolve().parents[1] / "sources.yaml"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 HOUR_MS = 3600 * 1000
 #: A ``transactions`` schedule: run when every one of its sources has published (their Airflow Assets).
@@ -440,7 +395,7 @@ def _source_model(kind: SourceKind, connection: bool = False) -> type[SourceConf
                         options=(options, Field(default_factory=dict, validate_default=True)), **fields)
 
 
-def _tag(entry: Any) -> str | None:
+def entry_tag(entry: Any) -> str | None:
     """The entry's model: its kind, ``<kind>+connection`` when it names a connection and its kind takes one."""
     if isinstance(entry, SourceConfig):
         kind, connection = entry.kind, entry.connection
@@ -459,7 +414,7 @@ def _file_model(kinds: tuple[SourceKind, ...]) -> type[SourcesFile]:
     entries = [Annotated[_source_model(kind, False), Tag(kind.name)] for kind in kinds]
     entries += [Annotated[_source_model(kind, True), Tag(f"{kind.name}+connection")] for kind in kinds
                 if kind.connection_type]
-    entry = Annotated[Union[tuple(entries)], Discriminator(_tag)]
+    entry = Annotated[Union[tuple(entries)], Discriminator(entry_tag)]
     return create_model("SourcesFile", __base__=SourcesFile,
                         sources=(Annotated[list[entry], Field(min_length=1),
                                            _says("must be a non-empty list of sources", whole=False)], ...))
@@ -480,205 +435,3 @@ def config_schema() -> dict:
 
 def config_schema_text() -> str:
     return json.dumps(config_schema(), indent=2) + "\n"
-
-
-# --- loading -----------------------------------------------------------------------------------------------------
-
-def config_path(path: str | os.PathLike | None = None) -> Path:
-    """The file to read: ``path``, else ``$RECLOCK_CONFIG``, else ``include/sources.yaml`` of a checkout."""
-    given = path or os.environ.get("RECLOCK_CONFIG")
-    if not given and not DEFAULT_PATH.exists():
-        raise ConfigError("no sources file: give one with --config or $RECLOCK_CONFIG (an installed reclock has no "
-                          "default file)")
-    return Path(given or DEFAULT_PATH).resolve()
-
-
-def load_config(path: str | os.PathLike | None = None) -> Config:
-    """Read, expand and validate the sources file."""
-    path = config_path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    expansion: list[str] = []
-    raw = _expand(raw, "", expansion)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level: must be a mapping, got {type(raw).__name__}")
-    warehouse_env, master_env = os.environ.get("RECLOCK_WAREHOUSE"), os.environ.get("RECLOCK_SPARK_MASTER")
-    raw = {**raw, **({"warehouse": warehouse_env} if warehouse_env else {})}
-    if master_env and isinstance(raw.get("spark") or {}, dict):
-        raw["spark"] = {**(raw.get("spark") or {}), "master": master_env}
-    remote_env = os.environ.get("RECLOCK_SPARK_REMOTE")
-    if remote_env is not None and isinstance(raw.get("spark") or {}, dict):  # set but empty: no server
-        raw["spark"] = {**(raw.get("spark") or {}), "remote": remote_env or None}
-    problems: list[tuple[tuple, str, str]] = []
-    try:
-        kinds = [entry.get("kind") for entry in raw.get("sources") or [] if isinstance(entry, dict)]
-        parsed = sources_file_model(k for k in kinds if isinstance(k, str)).model_validate(raw)
-    except ValidationError as e:
-        parsed = None
-        problems = _explain(e, raw)
-    warehouse = raw.get("warehouse")
-    if isinstance(warehouse, str) and warehouse.strip() and "://" not in warehouse:
-        warehouse = str(((Path.cwd() if warehouse_env else path.parent.parent) / warehouse).resolve())
-        if Path(warehouse).exists() and not Path(warehouse).is_dir():
-            problems.append((_walk(("warehouse",), raw)[1], "warehouse", f"{warehouse} is a file, not a directory"))
-    lines = [f"{path}: {where}" for where in expansion] + [f"{path}: {where}: {message}"
-                                                            for _, where, message in sorted(problems, key=_order)]
-    if lines:
-        raise ConfigError("\n".join(lines), lines)
-    return Config(warehouse=warehouse, storage_options=_strings(parsed.storage_options),
-                  spark_master=parsed.spark.master, spark_conf=_strings(parsed.spark.conf),
-                  sources={s.name: s for s in parsed.sources}, path=path,
-                  transactions={t.name: t for t in parsed.transactions}, spark_remote=parsed.spark.remote)
-
-
-def _expand(value: Any, where: str, problems: list[str]) -> Any:
-    """Expand ``${VAR}`` and ``${VAR:-default}`` in every string inside ``value`` (an unset
-    variable without a default is a problem ``<where>: ...``, and stays unexpanded)."""
-    if isinstance(value, dict):
-        return {k: _expand(v, f"{where}.{k}" if where else str(k), problems) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def sub(m: re.Match) -> str:
-        var, default = m.group(1), m.group(2)
-        if var in os.environ:
-            return os.environ[var]
-        if default is None:
-            problems.append(f"{where}: environment variable {var} is not set (use ${{{var}:-default}})")
-            return m.group(0)
-        return default
-
-    return _VAR_RE.sub(sub, value)
-
-
-_ABSENT = object()
-
-
-def _walk(loc: tuple, raw: Any) -> tuple[tuple, tuple]:
-    """pydantic's error location as the file's keys, and their positions in the file (to sort problems as the
-    file has them): the discriminator tag and union member names are left out, absent keys kept (last)."""
-    node, keys, positions = raw, [], []
-    for key in loc:
-        if isinstance(node, dict) and key in node:
-            positions.append(list(node).index(key))
-            node = node[key]
-        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
-            positions.append(key)
-            node = node[key]
-        elif isinstance(node, dict) and isinstance(key, str) and key == _tag(node) and keys[-1:] != ["options"]:
-            continue  # the discriminator's tag: sources[i].<kind>.field
-        elif (node is _ABSENT or node is None or isinstance(node, dict)) and isinstance(key, str):
-            positions.append(len(node) if isinstance(node, dict) else 0)
-            node = _ABSENT
-        else:
-            break  # inside a value: union members, mapping keys
-        keys.append(key)
-    return tuple(keys), tuple(positions)
-
-
-def _where(keys: tuple, raw: Any) -> str:
-    """``sources[0] (orders).options.topic``: the entry named when its name is right."""
-    text = ""
-    for i, key in enumerate(keys):
-        text += f"[{key}]" if isinstance(key, int) else f".{key}" if text else str(key)
-        if i == 1 and keys[0] in ("sources", "transactions"):
-            name = _get(raw, keys[:2] + ("name",))
-            if isinstance(name, str) and NAME_RE.match(name):
-                text += f" ({name})"
-    return text or "top level"
-
-
-def _get(raw: Any, keys: tuple) -> Any:
-    for key in keys:
-        try:
-            raw = raw[key]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return raw
-
-
-_ORDER_OF = {"missing": 0, "unknown": 1}
-
-
-def _order(problem: tuple) -> tuple:
-    positions, where, message = problem
-    return positions, _ORDER_OF.get(message.split(" ", 1)[0], 2)
-
-
-def _explain(error: ValidationError, raw: dict) -> list[tuple[tuple, str, str]]:
-    """pydantic's errors as ``(positions, where, message)``; missing and unknown keys of a mapping are one
-    problem each; an entry with a wrong name is reported by its name only."""
-    plain: list[tuple[tuple, tuple, str]] = []
-    missing: dict[tuple, list[tuple[str, tuple]]] = {}
-    unknown: dict[tuple, list[tuple[str, tuple]]] = {}
-    for err in error.errors():
-        keys, positions = _walk(err["loc"], raw)
-        kind, value = err["type"], err.get("input")
-        if kind == "reclock":
-            for at, message in err["ctx"]["problems"]:
-                plain.append(_walk(tuple(err["loc"]) + tuple(at), raw) + (message,))
-        elif kind in ("missing", "extra_forbidden") and keys:
-            (missing if kind == "missing" else unknown).setdefault(keys[:-1], []).append((str(keys[-1]), positions))
-        elif kind in ("union_tag_invalid", "union_tag_not_found", "union_tag_invalid_callable") and isinstance(value, dict):
-            plain.append(_walk(tuple(err["loc"]) + ("kind",), raw)
-                         + (f"unknown kind {value.get('kind')!r} (known: {', '.join(source_kinds())})",))
-        elif kind in ("dict_type", "model_type", "model_attributes_type", "union_tag_not_found"):
-            plain.append((keys, positions, f"must be a mapping, got {type(value).__name__}"))
-        elif kind == "list_type":
-            plain.append((keys, positions, f"must be a list, got {type(value).__name__}"))
-        else:
-            plain.append((keys, positions, err["msg"]))
-    for parent, names in missing.items():
-        plain.append((parent, names[0][1][:-1], _missing(parent, [n for n, _ in names], raw)))
-    for parent, names in unknown.items():
-        plain += [(parent, names[0][1][:-1], line) for line in _unknown(parent, [n for n, _ in names], raw)]
-    bad_names = {keys[:2] for keys, _, _ in plain if len(keys) == 3 and keys[2] == "name"}
-    return [(positions, _where(keys, raw), message) for keys, positions, message in plain
-            if not (keys[:2] in bad_names and keys[2:] != ("name",))]
-
-
-def _missing(parent: tuple, names: list[str], raw: dict) -> str:
-    if parent[-1:] == ("options",) and (kind := source_kind(_get(raw, parent[:2] + ("kind",)))):
-        names = sorted(names, key=lambda n: (kind.required_options + (n,)).index(n))
-        return f"missing required option(s) for kind {kind.name}: {', '.join(names)}"
-    return f"missing required key(s) {', '.join(names)}"
-
-
-def _unknown(parent: tuple, names: list[str], raw: dict) -> list[str]:
-    if parent[-1:] == ("options",) and (kind := source_kind(_get(raw, parent[:2] + ("kind",)))):
-        lines = []
-        if (connection := _get(raw, parent[:2] + ("connection",))) is not None:
-            if given := [n for n in names if n in kind.connection_options]:
-                lines.append(f"{', '.join(given)} and connection {connection!r} are given together: the connection "
-                             f"gives {', '.join(kind.connection_options)}; say one or the other")
-            names = [n for n in names if n not in kind.connection_options]
-        allowed = [o for o in source_options(kind.name) or () if connection is None or o not in kind.connection_options]
-        if names:
-            suggested = ", ".join(_suggest(n, allowed) for n in names)
-            lines.append(f"unknown option(s) for kind {kind.name}: {suggested} (allowed: {', '.join(allowed)})")
-        return lines
-    model = {(): SourcesFile, ("spark",): SparkSettings}.get(parent) or (
-        SourceConfig if parent[:1] == ("sources",) else TransactionsConfig)
-    return [f"unknown key(s) {', '.join(sorted(names))} (allowed: {', '.join(sorted(model.model_fields))})"]
-
-
-def _suggest(option: str, known) -> str:
-    """``option``, with the closest known name when there is one: ``startng_offsets (did you mean starting_offsets?)``."""
-    close = difflib.get_close_matches(option, list(known), n=1)
-    return f"{option} (did you mean {close[0]}?)" if close else option
-
-
-def _strings(mapping: dict) -> dict[str, str]:
-    """Spark conf and deltalake storage options take strings; YAML booleans become ``true``/``false``."""
-    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in mapping.items()}
-
-
-__all__ = ["ASSETS", "Config", "ConfigError", "SourceConfig", "SourcesFile", "SparkSettings", "TransactionsConfig",
-           "config_path", "config_schema", "load_config", "schedule_problem", "sources_file_model",
-           "vacuum_retention_problem"]
