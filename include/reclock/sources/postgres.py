@@ -23,15 +23,10 @@ Rows and columns (:mod:`reclock.pg_types`): ``row`` is the JSON of the row's non
 ``columns`` the table's columns ``[[name, type OID, typmod], ...]`` for that record: pgoutput's Relation
 message (sent before a relation's first change in each decoding, and again after its schema changed), or
 the catalog under the snapshot.  Every connection pins the settings the output text depends on
-(:data:`SESSION`).  An update's unchanged TOASTed column (pgoutput ``'u'``) takes the old row's value:
+(:data:`reclock.sources.pgoutput.SESSION`).  An update's unchanged TOASTed column (pgoutput ``'u'``) takes the old row's value:
 with ``REPLICA IDENTITY FULL`` Postgres logs the old row with its TOASTed values inline.
 
-Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (psycopg 3, no
-replication connection, no server extension).  pgoutput is chosen over wal2json/test_decoding
-because its Begin message carries exactly the commit LSN (the others expose only the end of
-the commit record), and the commit LSN is what the slot compares with ``confirmed_flush_lsn``
-when skipping confirmed transactions: advancing the slot to ``F`` releases exactly the
-offsets ``< F``.
+Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (:mod:`reclock.sources.pgoutput`).
 
 * ``read`` peeks (never consumes) the slot up to ``end`` and keeps the transactions with
   ``start <= commit_lsn < end``, in commit order.  Inserts are ``+1`` of the new row, deletes
@@ -46,43 +41,26 @@ offsets ``< F``.
 from __future__ import annotations
 
 import re
-import struct
 import time
-from datetime import datetime, timedelta, timezone
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
 from ..pg_types import columns_json, row_json
 from .base import SourceError
+from .pgoutput import OutputText, decode, int_to_lsn, lsn_to_int, session
 
 try:
     import psycopg
-    from psycopg import adapt, errors, sql
+    from psycopg import errors, sql
 except ImportError:  # pragma: no cover - reported when a source is built
     psycopg = None
 
 _SNAPSHOT_PARTITION = re.compile(r"^(?P<table>[^@]+)@(?P<lsn>[0-9A-F]+/[0-9A-F]+)$")
 _TID_SHIFT = 16  # a ctid (block, line) as an offset: block << 16 | line (a heap page holds < 2**16 lines)
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
-_UNCHANGED = object()  # pgoutput 'u': an unchanged TOASTed value, not sent again
-#: Session settings of every connection: the output text of dates, times and bytea depends on them, and a
-#: stored row must be the same text whichever connection decoded or copied it (reclock.pg_types).
-SESSION = (("DateStyle", "ISO, MDY"), ("TimeZone", "UTC"), ("IntervalStyle", "postgres"),
-           ("bytea_output", "hex"), ("extra_float_digits", "1"))
-
-
-def lsn_to_int(lsn: str) -> int:
-    """``'16/B374D848'`` -> int."""
-    high, _, low = lsn.partition("/")
-    return (int(high, 16) << 32) | int(low, 16)
-
-
-def int_to_lsn(value: int) -> str:
-    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
 def snapshot_partition(table: str, consistent_lsn: int) -> str:
@@ -195,7 +173,7 @@ class PostgresSource:
     def _connection(self) -> "psycopg.Connection":
         if self._conn is None or self._conn.closed:
             try:
-                self._conn = _session(psycopg.connect(self._dsn, autocommit=True))
+                self._conn = session(psycopg.connect(self._dsn, autocommit=True))
             except psycopg.Error as e:
                 raise SourceError(f"cannot connect to postgres: {e}") from e
         return self._conn
@@ -317,7 +295,7 @@ class PostgresSource:
     def _snapshot_transaction(self, name: str) -> Iterator["psycopg.Cursor"]:
         """A cursor in a read-only transaction that sees the exported snapshot ``name``."""
         try:
-            with _session(psycopg.connect(self._dsn)) as conn:
+            with session(psycopg.connect(self._dsn)) as conn:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
                 yield conn.cursor()
@@ -368,7 +346,7 @@ class PostgresSource:
             columns = self._snapshot_columns(cur, schema, name)
             names, oids, described = [c[0] for c in columns], [c[1] for c in columns], columns_json(columns)
             for oid in set(oids):  # each column as its output function's text, as pgoutput sends it
-                cur.adapters.register_loader(oid, _OutputText)
+                cur.adapters.register_loader(oid, OutputText)
             cur.execute(sql.SQL("SELECT ctid::text, {} FROM {} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
                 sql.SQL(", ").join(map(sql.Identifier, names)), sql.Identifier(schema, name)),
                 (_tid(start), _tid(end)))
@@ -486,7 +464,7 @@ class PostgresSource:
         if start < confirmed:
             raise SourceError(f"data already released upstream: read of [{start}, {end}) starts below the "
                               f"slot's committed position {confirmed} ({int_to_lsn(confirmed)})")
-        return _decode((bytes(r[0]) for r in rows), start, end)
+        return decode((bytes(r[0]) for r in rows), start, end)
 
     def commit(self, frontier: Frontier) -> None:
         """Advance the slot to ``frontier``: transactions with commit LSN below it are released.
@@ -519,103 +497,3 @@ class PostgresSource:
     def __getstate__(self) -> dict[str, Any]:  # picklable for Spark tasks: reconnects on first use
         return {**self.__dict__, "_conn": None}
 
-
-# --- pgoutput (protocol version 1) decoding ---
-
-
-class _OutputText(adapt.Loader if psycopg else object):
-    """Loads a column as the text of its type's output function (no parsing)."""
-
-    def load(self, data) -> str:
-        return bytes(data).decode()
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def unpack(self, fmt: str) -> Any:
-        values = struct.unpack_from("!" + fmt, self.data, self.pos)
-        self.pos += struct.calcsize("!" + fmt)
-        return values[0] if len(values) == 1 else values
-
-    def byte(self) -> str:
-        self.pos += 1
-        return chr(self.data[self.pos - 1])
-
-    def string(self) -> str:
-        end = self.data.index(b"\0", self.pos)
-        text, self.pos = self.data[self.pos:end].decode(), end + 1
-        return text
-
-    def tuple(self) -> list[Any]:
-        values = []
-        for _ in range(self.unpack("h")):
-            kind = self.byte()
-            if kind == "n":
-                values.append(None)
-            elif kind == "u":
-                values.append(_UNCHANGED)
-            else:  # 't' (text; 'b' binary is never requested)
-                length = self.unpack("i")
-                values.append(self.data[self.pos:self.pos + length].decode())
-                self.pos += length
-        return values
-
-
-def _session(conn: "psycopg.Connection") -> "psycopg.Connection":
-    """``conn`` with the :data:`SESSION` settings (the row text depends on them)."""
-    conn.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(SESSION)), [v for kv in SESSION for v in kv])
-    if not conn.autocommit:
-        conn.commit()
-    return conn
-
-
-def _decode(messages: Iterable[bytes], start: int, end: int) -> Iterator[tuple[dict[str, Any], int, int]]:
-    relations: dict[int, tuple[str, str, list[str], list[int], str]] = {}  # relid -> (name, identity, names, oids,
-    # columns JSON)
-    txn: dict[str, Any] | None = None
-    lsn = seq = 0
-    for message in messages:
-        r = _Reader(message)
-        kind = r.byte()
-        if kind == "B":
-            lsn, micros, xid = r.unpack("QqI")
-            seq = 0
-            txn = None
-            if start <= lsn < end:
-                txn = {"xid": xid, "commit_time": _PG_EPOCH + timedelta(microseconds=micros)}
-        elif kind == "R":  # relation description, sent before a relation's first change
-            relid, namespace, name, identity = r.unpack("I"), r.string(), r.string(), r.byte()
-            cols = []
-            for _ in range(r.unpack("h")):
-                r.byte()
-                cols.append((r.string(), *r.unpack("Ii")))
-            relations[relid] = (f"{namespace}.{name}", identity, [c[0] for c in cols], [c[1] for c in cols],
-                                columns_json(cols))
-        elif kind in "IUD" and txn is not None:
-            table, identity, names, oids, described = relations[r.unpack("I")]
-            marker, old, new = r.byte(), None, None
-            if marker in "KO":
-                old = r.tuple()
-                marker = r.byte() if kind == "U" else ""
-            if marker == "N":
-                new = r.tuple()
-            op = {"I": "insert", "U": "update", "D": "delete"}[kind]
-            if kind != "I" and (old is None or identity != "f"):
-                raise SourceError(f"{op} in {table} at commit LSN {int_to_lsn(lsn)} lacks the old row: "
-                                  f"set ALTER TABLE {table} REPLICA IDENTITY FULL (before the change)")
-            base = {"table": table, "op": op, "columns": described, "seq": seq, **txn}
-            if old is not None:
-                yield {**base, "row": row_json(names, oids, old)}, lsn, -1
-            if new is not None:  # an unchanged TOASTed value: the old row's (REPLICA IDENTITY FULL logs it inline)
-                new = [o if v is _UNCHANGED else v for v, o in zip(new, old or [None] * len(new))]
-                yield {**base, "row": row_json(names, oids, new)}, lsn, +1
-            seq += 1
-        elif kind == "T" and txn is not None:  # a marker per table: reclock.truncate retracts what it held
-            count, _options = r.unpack("i"), r.byte()
-            for relid in [r.unpack("I") for _ in range(count)]:
-                yield {"table": relations[relid][0], "op": "truncate", "row": None, "columns": relations[relid][4],
-                       "seq": seq, **txn}, lsn, 0
-                seq += 1
-        # 'C' commit, 'O' origin, 'Y' type, 'M' message: nothing to emit
