@@ -25,7 +25,7 @@ from .clock import now_ms
 from .storage.side_files import read_json, write_json
 
 if TYPE_CHECKING:
-    from .checks import CheckReport
+    from .check_report import CheckReport
 
 
 class Located(Protocol):

@@ -32,73 +32,14 @@ A failed check names the records that break it: up to 5 ``(partition, offset, in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from . import offsets
+from .check_report import (SAMPLE, CheckReport, CheckResult, ChecksFailed, Named, element_count, plain, report_of,
+                           run_suite)
 from .engine import Frontier, Remap
-
-SAMPLE = 5  # offending rows named per failed check
-
-
-class ChecksFailed(RuntimeError):
-    """At least one check failed; the message is the report's summary."""
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    expectation: str
-    success: bool
-    description: str
-    unexpected_count: int | None = None
-    sample: list = field(default_factory=list)
-    error: str | None = None
-    #: What a table-level expectation measured (e.g. a row count), when it reports one.
-    observed: Any = None
-
-    def line(self) -> str:
-        status = "PASS" if self.success else "FAIL"
-        text = f"{status} {self.name}: {self.description}"
-        if self.observed is not None:
-            text += f": {self.observed}"
-        if not self.success:
-            text += f" ({self.error})" if self.error else f" ({self.unexpected_count} bad, e.g. {self.sample})"
-        return text
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    subject: str
-    rows: int
-    results: tuple[CheckResult, ...]
-    #: The run's Data Docs pages (relative to the source's Data Docs site; :mod:`reclock.gx_context`).
-    docs: tuple[str, ...] = ()
-
-    @property
-    def success(self) -> bool:
-        return all(r.success for r in self.results)
-
-    @property
-    def failed(self) -> list[str]:
-        return [r.name for r in self.results if not r.success]
-
-    def summary(self) -> str:
-        passed = sum(r.success for r in self.results)
-        head = f"{self.subject}: {passed}/{len(self.results)} checks passed on {self.rows} rows"
-        return "\n".join([head] + ["  " + r.line() for r in self.results])
-
-    def raise_for_failure(self) -> None:
-        if not self.success:
-            raise ChecksFailed(self.summary())
-
-    def as_dict(self) -> dict[str, Any]:
-        """Small and JSON-able, for XCom."""
-        return {"subject": self.subject, "rows": self.rows, "success": self.success, "failed": self.failed}
-
 
 # --- the checks ------------------------------------------------------------------------------
 
@@ -112,7 +53,7 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int
     a partition's bound offset (the sum of its increments up to a binding) must not exceed it, which an
     increment counted twice (racing ticks) or a frontier beyond the upstream would break.
 
-    ``gx``: the source's GX context (:func:`reclock.gx_context.open_context`); default :func:`scratch_context`.
+    ``gx``: the source's GX context (:func:`reclock.gx_context.open_context`); default :func:`reclock.check_report.scratch_context`.
     """
     df = remap_rows[["partition", "into_time", "increment"]].copy()
     # Rows at or before since are read at since, as compaction folds them (it records since first, then
@@ -131,8 +72,8 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int
     gaps = times.diff().fillna(times - (since - 1)) if len(times) else times
     df["binding_gap"] = df["into_time"].map(dict(zip(times, gaps)))
     df["upstream_excess"] = _int64_or_sign(_upstream_excess(df, upstreams or {}))
-    run = _run(gx, "remap", df, ["partition", "into_time"], {"since": since})
-    return _report(f"remap ({len(times)} bindings)", len(df), [run])
+    run = run_suite(gx, "remap", df, ["partition", "into_time"], {"since": since})
+    return report_of(f"remap ({len(times)} bindings)", len(df), [run])
 
 
 def _upstream_excess(df: pd.DataFrame, upstreams: Mapping[int, Frontier]) -> pd.Series:
@@ -177,7 +118,7 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
     frame = _small_frame(_by_binding(batch, remap, {
         "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}), empty)
     params = _window(remap, start)
-    runs = [_run(gx, "reclocked", frame, ["partition", "into_time"], params, {
+    runs = [run_suite(gx, "reclocked", frame, ["partition", "into_time"], params, {
         "reclocked.stamped": _unstamped,
         "reclocked.first_covering_binding": _counted("not_covering", "first_not_covering"),
         "reclocked.within_frontier": _counted("beyond", "first_beyond"),
@@ -185,9 +126,9 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
         "reclocked.in_window": _outside(params)})]
     if offsets_unique:
         keys = _duplicate_frame(batch, empty)
-        runs.append(_run(gx, "reclocked_keys", keys, ["partition"], params, {
+        runs.append(run_suite(gx, "reclocked_keys", keys, ["partition"], params, {
             "reclocked.offsets_unique": _duplicate_keys(batch, keys)}))
-    return _report("reclocked batch", _records(frame), runs)
+    return report_of("reclocked batch", _records(frame), runs)
 
 
 def check_dead_letters(dead_letters, batch, remap: Remap, start: int, *, gx=None) -> CheckReport:
@@ -210,13 +151,13 @@ def check_dead_letters(dead_letters, batch, remap: Remap, start: int, *, gx=None
         "errorless": F.sum(errorless.cast("long")), "first_errorless": F.min(F.when(errorless, F.col("offset"))),
         "in_batch": F.sum(in_batch.cast("long")), "first_in_batch": F.min(F.when(in_batch, F.col("offset")))}))
     params = _window(remap, start)
-    run = _run(gx, "dead_letter", frame, ["partition", "into_time"], params, {
+    run = run_suite(gx, "dead_letter", frame, ["partition", "into_time"], params, {
         "dead_letter.first_covering_binding": _counted("not_covering", "first_not_covering"),
         "dead_letter.in_window": _outside(params),
         "dead_letter.has_error": _counted("errorless", "first_errorless"),
         "dead_letter.not_in_batch": _counted("in_batch", "first_in_batch")})
     upto = remap.upper - 1
-    return _report(f"dead letters of IntoTimes {start}..{upto}", _records(frame), [run])
+    return report_of(f"dead letters of IntoTimes {start}..{upto}", _records(frame), [run])
 
 
 def check_consolidated(published, staged, content: list[str], label=None, *, gx=None) -> CheckReport:
@@ -231,9 +172,9 @@ def check_consolidated(published, staged, content: list[str], label=None, *, gx=
     Postgres LSN).
     """
     consolidated, index = _consolidated(published, staged, content, label)
-    run = _run(gx, "history", consolidated, index, {})
+    run = run_suite(gx, "history", consolidated, index, {})
     consolidated.unpersist()  # GX caches the batch while computing its metrics
-    return _report("reclocked history", _element_count(run), [run])
+    return report_of("reclocked history", element_count(run), [run])
 
 
 PRIMARY_KEY_UNIQUE = "reclocked.primary_key_unique"
@@ -261,9 +202,9 @@ def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[st
             error="no primary keys were recorded with the staged batch: stage it again"),))
     consolidated, index = _consolidated(_with_primary_key(published, primary_keys),
                                         _with_primary_key(staged, primary_keys), ["table", "key"], label)
-    run = _run(gx, "primary_key", consolidated, index, {})
+    run = run_suite(gx, "primary_key", consolidated, index, {})
     consolidated.unpersist()  # GX caches the batch while computing its metrics
-    return _report(subject, _element_count(run), [run])
+    return report_of(subject, element_count(run), [run])
 
 
 def _with_primary_key(df, primary_keys: Mapping[str, Sequence[str]]):
@@ -415,11 +356,10 @@ def _records(frame: pd.DataFrame) -> int:
 
 
 # How a failed aggregate check counts its records and names them: frame -> (bad records, sample rows).
-Named = Callable[[pd.DataFrame], tuple[int, list]]
 
 
 def _sample(rows: pd.DataFrame, offset: str) -> list[dict]:
-    return [{"partition": _plain(r["partition"]), "offset": _plain(r[offset]), "into_time": _plain(r["into_time"])}
+    return [{"partition": plain(r["partition"]), "offset": plain(r[offset]), "into_time": plain(r["into_time"])}
             for _, r in rows.head(SAMPLE).iterrows()]
 
 
@@ -456,76 +396,5 @@ def _duplicate_keys(batch, keys: pd.DataFrame) -> Named:
     return named
 
 
-# --- running them in GX ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Ran:
-    run: Any  # reclock.gx_context.Run
-    named: Mapping[str, Named]
-    frame: Any
-    params: Mapping[str, Any]
-
-
-def _run(gx, kind: str, frame, index: list[str], params: Mapping[str, Any],
-         named: Mapping[str, Named] | None = None) -> _Ran:
-    """Validate ``frame`` with suite ``kind`` through the source's checkpoint (``gx``: the source's context)."""
-    context = gx if gx is not None else scratch_context()
-    return _Ran(context.run(kind, frame, params, index), named or {}, frame, params)
-
-
-def _report(subject: str, rows: int, runs: Sequence[_Ran]) -> CheckReport:
-    """The checks of ``runs``, in their suites' order.  A check of an aggregate (``named``) counts and names the
-    records its failing rows stand for; the others report GX's own count and up to 5 failing rows."""
-    results = []
-    for ran in runs:
-        for r in ran.run.results:
-            meta = r.expectation_config.meta or {}
-            name = meta.get("check", r.expectation_config.type)
-            error = _error(r.exception_info)
-            count = r.result.get("unexpected_count")
-            sample = r.result.get("partial_unexpected_index_list") or r.result.get("partial_unexpected_list") or []
-            if name in ran.named and not r.success and error is None:
-                count, sample = ran.named[name](ran.frame)
-            results.append(CheckResult(
-                name=name, expectation=r.expectation_config.type, success=bool(r.success),
-                description=meta.get("description", "").format(**ran.params), unexpected_count=count,
-                sample=_plain(sample), error=error, observed=_plain(r.result.get("observed_value"))))
-    return CheckReport(subject, rows, tuple(results), tuple(ran.run.page for ran in runs if ran.run.page))
-
-
-def _element_count(ran: _Ran) -> int:
-    return max((r.result.get("element_count") or 0 for r in ran.run.results), default=0)
-
-
-def _error(info: dict) -> str | None:
-    """The exception message(s) GX caught: ``exception_info`` is flat, or keyed by metric when a metric failed."""
-    infos = [info] if "raised_exception" in info else list(info.values())
-    return "; ".join(i["exception_message"] for i in infos
-                     if isinstance(i, dict) and i.get("raised_exception") and i.get("exception_message")) or None
-
-
-def _plain(value):
-    """GX samples as plain Python (numpy scalars to ints/floats, pandas NA to None)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
-        return None
-    return value.item() if hasattr(value, "item") else value
-
-
-@lru_cache(maxsize=None)
-def scratch_context():
-    """A GX context for checks run outside a source (tests, a notebook): source ``scratch`` in a temporary
-    folder, removed at exit."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from .gx_context import Context
-
-    root = tempfile.mkdtemp(prefix="reclock-gx-")
-    atexit.register(shutil.rmtree, root, True)
-    return Context(root, "scratch")
+__all__ = ["PRIMARY_KEY_UNIQUE", "CheckReport", "CheckResult", "ChecksFailed", "check_consolidated", "check_dead_letters",
+           "check_primary_keys", "check_reclocked", "check_remap"]
