@@ -44,3 +44,12 @@ def test_the_private_import_rule_sees_one(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from .storage import _app_version, Warehouse\nfrom reclock.x import _y\nimport os\n")
     assert private_imports(module) == [".storage -> _app_version", "reclock.x -> _y"]
+
+
+def test_no_product_file_is_over_500_lines():
+    """A module a newcomer can read: every product file (the package, the DAG file, the Spark job, the plugin) is at
+    most 500 lines."""
+    product = [*PACKAGE.rglob("*.py"), *(REPO / "dags").glob("*.py"), *(REPO / "spark_jobs").glob("*.py"),
+               *(REPO / "plugins").rglob("*.py")]
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in product}
+    assert len(sizes) > 40 and {p: n for p, n in sizes.items() if n > 500} == {}
