@@ -120,7 +120,7 @@ def local_run(config: str, now: int, env: dict) -> str:
 
 def submit(config: str, env: dict) -> str:
     """The DAG's ``reclock`` task without a server: spark-submit of the stage job (here nothing is pending)."""
-    from reclock.spark_session import session_conf
+    from reclock.spark.session import session_conf
 
     conf = [a for k, v in session_conf().items() for a in ("--conf", f"{k}={v}")]
     t = time.monotonic()

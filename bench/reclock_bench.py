@@ -64,7 +64,7 @@ from devtools.kafka_broker import LocalBroker, create_topic
 from reclock import pipeline, runtime
 from reclock.config import load_config
 from reclock.sources.kafka import KafkaSource
-from reclock.spark_kafka import SPARK_FETCH_MAX_WAIT_MS
+from reclock.spark.kafka import SPARK_FETCH_MAX_WAIT_MS
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
@@ -236,7 +236,7 @@ def produce(spark, bootstrap: str, topic: str, start: int, count: int, partition
 
 def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]):
     """Spark's own Kafka source over offsets ``[start, end)`` of each partition in ``bounds``, with reclock's
-    ``fetch.max.wait.ms`` (:data:`reclock.spark_kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
+    ``fetch.max.wait.ms`` (:data:`reclock.spark.kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
     ~0.5 s per partition at the log end, and the baseline must not be slower than it need be."""
     offsets_at = lambda i: json.dumps({topic: {str(p): b[i] for p, b in bounds.items()}})  # noqa: E731
     return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
@@ -621,7 +621,7 @@ def main(argv=None) -> int:
           f"work dir: {workdir}", flush=True)
     try:
         with LocalBroker() as broker, contextlib.ExitStack() as stack:
-            from reclock.spark_session import get_spark
+            from reclock.spark.session import get_spark
 
             server, gc_log = None, None
             if args.connect:

@@ -59,7 +59,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from reclock.config import ASSETS, Config, ConfigError, SourceConfig, TransactionsConfig, load_config
 from reclock.orchestration import reclocked_asset, task_policy, xcom_safe
-from reclock.spark_session import session_conf
+from reclock.spark.session import session_conf
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_JOB = REPO / "spark_jobs" / "reclock_job.py"
@@ -107,7 +107,7 @@ class ReclockSparkSubmitOperator(SparkSubmitOperator):
 def spark_submit_args(config: Config, source: SourceConfig) -> dict:
     """SparkSubmitOperator arguments: this venv's spark-submit and Python for local/standalone masters.
 
-    ``conf`` starts from :func:`reclock.spark_session.session_conf`: its jars (delta-spark, spark-sql-kafka;
+    ``conf`` starts from :func:`reclock.spark.session.session_conf`: its jars (delta-spark, spark-sql-kafka;
     on the driver's classpath for a local master, ``spark.jars`` for another) must reach spark-submit, since a
     session built inside the job comes too late to load jars; the sources file's ``spark_conf`` overrides it.
     """

@@ -12,7 +12,7 @@ started with them::
         spark = get_spark(cluster.url)        # client mode: the driver is this process
 
 Executors get the jars of the session (``spark.jars``) from the driver. Their Python workers run the
-driver's ``PYSPARK_PYTHON`` (``reclock.spark_session`` sets it to this interpreter), where reclock is
+driver's ``PYSPARK_PYTHON`` (``reclock.spark.session`` sets it to this interpreter), where reclock is
 installed: that is what a remote worker must have too (README, "On a Spark cluster").
 
 ``python -m devtools.spark_cluster`` starts one and prints its URL until Ctrl-C.

@@ -1,7 +1,7 @@
 """A local Spark Connect server with reclock's jars and settings, for tests, the demo and the benchmark: the
 long-lived Spark that steps connect to (``spark.remote`` in the sources file) instead of starting a JVM each.
 
-:class:`LocalSparkConnect` runs the command of :func:`reclock.spark_session.connect_server_command` (pyspark's
+:class:`LocalSparkConnect` runs the command of :func:`reclock.spark.session.connect_server_command` (pyspark's
 ``spark-submit`` of ``SparkConnectServer`` on ``local[2]``, gRPC on loopback and a free port, its Python
 workers on this interpreter with this checkout's ``include/`` on ``PYTHONPATH``) in a process group of its
 own, with its log and scratch space in a temporary directory; it waits until the gRPC port accepts
@@ -61,7 +61,7 @@ class LocalSparkConnect:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> "LocalSparkConnect":
-        from reclock.spark_session import connect_server_command
+        from reclock.spark.session import connect_server_command
 
         if self.running():
             return self

@@ -4,7 +4,7 @@ It imports what a step imports (reclock, pyspark, Great Expectations, deltalake)
 the sources file ``CONFIG`` names (a local JVM, warmed on a scratch Delta table, or a client of its Spark
 Connect server; ``--no-warm-delta``: not warmed), then waits for one
 request line on stdin, ``{"argv": [...], "env": {...}}``: it sets ``env`` (e.g. ``RECLOCK_KILL_AT``: the crash
-point of :mod:`devtools.crash_points` it installs) and runs ``reclock --config CONFIG *argv`` in this process, whose session :func:`reclock.spark_session.get_spark` returns
+point of :mod:`devtools.crash_points` it installs) and runs ``reclock --config CONFIG *argv`` in this process, whose session :func:`reclock.spark.session.get_spark` returns
 (``getOrCreate``).  So the command behaves as ``python -m reclock.cli`` would, the same code on the same
 session, without paying a cold start while a test waits: ``tests/conftest.py``'s :class:`WarmCommands` starts
 the next one while the last runs.  Started as the leader of its own session, it dies with its JVM when a crash
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     from reclock import checks, cli, pipeline  # noqa: F401  (the imports a step pays)
     from reclock.config import load_config
-    from reclock.spark_session import get_spark
+    from reclock.spark.session import get_spark
 
     config = load_config(config_path)
     spark = get_spark(config.spark_master, "reclock-warm", s3=config.warehouse.startswith("s3"),

@@ -7,7 +7,7 @@ every reclock session, with Delta's Connect plugins so that clients (``sc://spar
     spark-submit --master <spark.master> --name reclock-connect
                  --class org.apache.spark.sql.connect.service.SparkConnectServer --conf K=V ...
 
-    conf = reclock.spark_session.session_conf(s3)   the jars (delta-spark, spark-sql-kafka; S3A for an s3://
+    conf = reclock.spark.session.session_conf(s3)   the jars (delta-spark, spark-sql-kafka; S3A for an s3://
                                                     warehouse), Delta's SQL extension and catalog, UTC, ...
          + the sources file's spark.conf            S3A endpoint and keys, executor sizes, spark.driver.host
                                                     (SPARK_DRIVER_HOST: this service's name, executors connect
@@ -42,7 +42,7 @@ class ConnectSetupError(RuntimeError):
 
 def connect_jars_dir() -> Path:
     """var/jars/spark-connect beside the session jars (``RECLOCK_SPARK_CONNECT_JARS`` names another folder)."""
-    from reclock.spark_session import jars_dir
+    from reclock.spark.session import jars_dir
 
     return Path(os.environ.get("RECLOCK_SPARK_CONNECT_JARS", jars_dir().parent / "spark-connect"))
 
@@ -57,7 +57,7 @@ def connect_jars(folder: Path) -> list[str]:
 
 def connect_conf(config, jars: list[str], port: int = DEFAULT_PORT) -> dict[str, str]:
     """The server's ``--conf``: reclock's session conf, the sources file's ``spark.conf``, the plugins, the port."""
-    from reclock.spark_session import session_conf
+    from reclock.spark.session import session_conf
 
     conf = {**session_conf(s3=config.warehouse.startswith("s3")), **config.spark_conf}
     conf["spark.jars"] = ",".join([*filter(None, conf["spark.jars"].split(",")), *jars])
@@ -81,7 +81,7 @@ def spark_submit_binary() -> str:
 
 def main(args: list[str]) -> None:
     from reclock.config import load_config
-    from reclock.spark_session import SparkSetupError
+    from reclock.spark.session import SparkSetupError
 
     if args not in ([], ["--print"]):
         sys.exit(f"usage: {sys.argv[0]} [--print]")

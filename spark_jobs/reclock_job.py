@@ -12,7 +12,7 @@ import logging
 
 from reclock import pipeline
 from reclock.runtime import Runtime
-from reclock.spark_session import submitted_spark
+from reclock.spark.session import submitted_spark
 
 
 def main() -> None:

@@ -194,7 +194,7 @@ os.environ.setdefault("RECLOCK_SPARK_S3", "1")
 def spark():
     """A local[2] Spark session.  Only tests that ask for it (or run a step that starts Spark) get a JVM:
     ``pytest tests/test_engine.py`` starts none."""
-    from reclock.spark_session import get_spark
+    from reclock.spark.session import get_spark
 
     session = get_spark("local[2]", app_name="reclock-tests")
     yield session

@@ -341,14 +341,14 @@ def test_dockerfile_matches_the_pins():
     assert "openjdk-17-jre-headless maven " in text
     assert "pip install --no-deps -e ." in text
     # The jars are the poms' (jvm/fetch-jars.sh, after pyspark is installed: it drops what pyspark ships), in
-    # var/jars/ under the image's repository, where reclock.spark_session looks, as in a checkout.  The
+    # var/jars/ under the image's repository, where reclock.spark.session looks, as in a checkout.  The
     # Connect plugins after spark: fetch-jars drops what var/jars/spark has.
     steps = ['--constraint "${AIRFLOW_CONSTRAINTS_URL}"', "-r requirements-runtime.txt", "COPY jvm/ jvm/",
              "bash jvm/fetch-jars.sh /usr/local/bin/python spark spark-s3 spark-connect",
              "pip install --no-deps -e .", "python docker/spark-connect-server.py --print"]
     assert [text.index(step) for step in steps] == sorted(text.index(step) for step in steps)
     assert f"WORKDIR {IMAGE_REPO}\n" in text and "!jvm/" in (REPO / "docker" / "Dockerfile.dockerignore").read_text()
-    from reclock import spark_session
+    from reclock.spark import session as spark_session
 
     assert (spark_session.JARS, spark_session.S3_JARS) == (REPO / "var" / "jars" / "spark", REPO / "var" / "jars" / "spark-s3")
 
@@ -582,7 +582,7 @@ def test_spark_connect_server_command(monkeypatch, tmp_path, svc):
     Connect server class on the compose master, with reclock's session conf, the sources file's spark.conf,
     Delta's Connect plugins (their jars added to spark.jars) and the port."""
     from reclock.config import load_config
-    from reclock.spark_session import jars_dir, session_conf
+    from reclock.spark.session import jars_dir, session_conf
 
     launcher = connect_launcher()
     use_connect_service_env(monkeypatch, svc)
@@ -648,7 +648,7 @@ def test_connect_server_serves_delta_tables(monkeypatch, tmp_path, svc):
 
     from devtools.kafka_broker import free_port, stop_process
     from reclock.config import load_config
-    from reclock.spark_session import jars_dir
+    from reclock.spark.session import jars_dir
 
     launcher = connect_launcher()
     use_connect_service_env(monkeypatch, svc)

@@ -218,7 +218,7 @@ def test_spark_task(parsed):
     assert spark["binary"] == str(Path(PYTHON).parent / "spark-submit")
     assert spark["env_vars"] == {"PYSPARK_PYTHON": PYTHON}
     # Every session setting, jars included (Spark's Kafka source, Delta), then the config's spark.conf.
-    from reclock.spark_session import session_conf
+    from reclock.spark.session import session_conf
 
     assert spark["conf"] == {**session_conf(master="local[1]"), "spark.pyspark.python": PYTHON,
                              "spark.ui.enabled": "false"}

@@ -28,7 +28,7 @@ from reclock.engine import Frontier, Remap, as_of, compact_updates, reclock
 from reclock.offsets import OffsetError
 from reclock.sources import SourceError, build_source
 from reclock.sources.recorded import RecordedSource
-from reclock.spark_source import Segment, output_arrow_schema, read_segment_batches, segments
+from reclock.spark.source import Segment, output_arrow_schema, read_segment_batches, segments
 from reclock.storage import Warehouse, WarehouseError
 
 # --- recorded data --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 RUN_ONCE = """
 from pyspark import SparkContext
 from reclock import pipeline, runtime
-from reclock.spark_session import is_remote
+from reclock.spark.session import is_remote
 steps = [pipeline.run_once(NAME, CONFIG, now=now) for now in NOWS]
 with runtime.open_source(NAME, CONFIG, spark=True) as ctx:
     remote = is_remote(ctx.spark)
@@ -82,8 +82,8 @@ def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
 # SourceError must still be recognized in it.
 GUARDS = """
 from pyspark.sql import functions as F
-from reclock.spark_session import get_spark
-from reclock.spark_source import source_error, worker_source_error
+from reclock.spark.session import get_spark
+from reclock.spark.source import source_error, worker_source_error
 from reclock.storage import ConcurrentWriteError, compare_and_append, create_table, remap_schema, spark_frame
 import pyarrow as pa
 spark = get_spark(remote=URL)
@@ -167,7 +167,7 @@ def test_the_dag_runs_its_spark_steps_over_spark_connect(spark_connect, kafka_br
 
 
 def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_conf(tmp_path):
-    """``python -m reclock.spark_session --print``: how production starts the server (docs: operations/spark.md, A long-lived Spark)."""
+    """``python -m reclock.spark.session --print``: how production starts the server (docs: operations/spark.md, A long-lived Spark)."""
     import shlex
     import subprocess
 
@@ -175,7 +175,7 @@ def test_the_server_command_has_reclocks_jars_settings_and_the_sources_files_con
     doc = yaml.safe_load(Path(config).read_text())
     s3a = {"spark.hadoop.fs.s3a.endpoint": "http://s3:9000"}
     Path(config).write_text(yaml.safe_dump({**doc, "spark": {"conf": s3a}}))
-    command = [sys.executable, "-m", "reclock.spark_session", "--print", "--port", "15002", "--config", config]
+    command = [sys.executable, "-m", "reclock.spark.session", "--print", "--port", "15002", "--config", config]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
     words = shlex.split(out)
     env = dict(w.split("=", 1) for w in words[:3])

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, strategies as st
 
 from devtools.kafka_broker import Transaction, add_partitions, delete_records, produce, produce_transaction
-from reclock import spark_source
+from reclock.spark import source as spark_source
 from reclock.engine import Frontier, Range, Remap, reclock
 from reclock.sources import build_source
 from reclock.sources.base import SourceError
-from reclock import spark_kafka
-from reclock.spark_kafka import (
+from reclock.spark import kafka as spark_kafka
+from reclock.spark.kafka import (
     partition_spans, read_tasks, spark_client_options, spark_options, spark_range_rows, spark_read,
 )
-from reclock.spark_source import read_ranges, read_ranges_python, segments, worker_source_error
+from reclock.spark.source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_spark_segments_read_each_offset_once_with_its_into_time(remap, max_offs
     assert all(n == -(-remap.frontier[p] // max_offsets) for p, n in per_partition.items())
 
 
-# --- Kafka through Spark's own Kafka source (reclock.spark_kafka) ----------------------------------
+# --- Kafka through Spark's own Kafka source (reclock.spark.kafka) ----------------------------------
 
 COLUMNS = ["key", "value", "timestamp_ms", "partition", "offset", "into_time", "diff"]
 

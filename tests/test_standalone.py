@@ -31,8 +31,8 @@ TICK_ON_CLUSTER = """
 import time
 from reclock import pipeline, runtime
 from reclock.config import load_config
-from reclock.spark_session import get_spark
-from reclock.spark_source import read_ranges_python
+from reclock.spark.session import get_spark
+from reclock.spark.source import read_ranges_python
 
 spark = get_spark(load_config(CONFIG).spark_master, "reclock-" + NAME)
 status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus  # block managers: the driver's and executors'

@@ -185,7 +185,7 @@ def _examples(left, right, n: int = EXAMPLES) -> list[dict]:
 
 def _replayed(spark, ctx: SourceContext, window: Window, schema):
     """The window's records read again (a dead-lettered record is not among them, as it is not published)."""
-    from .spark_source import split_bad_records
+    from .spark.source import split_bad_records
 
     if not window.ranges:
         return spark.createDataFrame([], schema)
@@ -198,7 +198,7 @@ def _published(spark, ctx: SourceContext, window: Window):
 
 def _source_errors(window: Window, action):
     """Run a Spark action; a worker's SourceError (e.g. records released meanwhile) becomes a BackfillError."""
-    from .spark_source import worker_source_error
+    from .spark.source import worker_source_error
 
     try:
         return action()

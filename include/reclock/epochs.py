@@ -125,7 +125,7 @@ def _new_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: Ups
     snapshot), or when remap never bound it (its consistent point lies beyond remap's frontier: a new epoch
     killed before its snapshot landed).  Killed after the landing, a new epoch run again records it.
     """
-    from .spark_source import read_ranges_python
+    from .spark.source import read_ranges_python
 
     source, where = ctx.upstream, f"{name} ({ctx.upstream!r})"
     bound, landed = remap.frontier[""], ctx.tables.landed()

@@ -98,7 +98,7 @@ def _land_initial_snapshot(name: str, ctx: SourceContext, remap: Remap) -> Front
         log.warning("%s: %r has a slot but its initial snapshot never landed (a first tick killed while copying): "
                     "dropping the slot and taking the snapshot again", name, ctx.source)
         ctx.source.drop_slot()
-    from .spark_source import read_ranges_python
+    from .spark.source import read_ranges_python
 
     with ctx.source.export_snapshot() as snapshot:
         ranges = [(0, partition, 0, upper) for partition, upper in snapshot.uppers.items()]
@@ -130,13 +130,13 @@ def _land_tick(name: str, ctx: SourceContext, remap: Remap, record: UpstreamReco
 
 def read_bound(ctx: SourceContext, ranges, spark=None):
     """Spark DataFrame of the records in bound ``ranges``: landed partitions from the warehouse
-    (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark_source.read_ranges`);
+    (:meth:`SourceTables.read_landed`), the others from the upstream (:func:`reclock.spark.source.read_ranges`);
     a source's TRUNCATE markers become retractions of what the table held (:mod:`reclock.truncate`); a source
     with ``table_columns`` has its tables' column changes checked (:func:`_check_table_columns`).
 
     A source with ``on_bad_record: dead_letter`` is read so: records that cannot be decoded are in the frame
-    with :data:`reclock.spark_rows.BAD_RECORD_COLUMNS` set (:func:`reclock.spark_source.split_bad_records`)."""
-    from .spark_source import read_ranges
+    with :data:`reclock.spark.rows.BAD_RECORD_COLUMNS` set (:func:`reclock.spark.source.split_bad_records`)."""
+    from .spark.source import read_ranges
 
     spark = spark or ctx.spark
     landed = set(ctx.tables.landed().partitions)
@@ -276,7 +276,7 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
     ``on_bad_record: dead_letter`` it is staged apart, for the dead-letter table (``dead_letters``: how many).
     A source with ``primary_keys`` (Postgres) has its tables' primary keys staged with the batch, for the checks.
     """
-    from .spark_source import split_bad_records, worker_source_error
+    from .spark.source import split_bad_records, worker_source_error
 
     with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         remap = ctx.tables.read_remap()

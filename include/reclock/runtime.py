@@ -77,7 +77,7 @@ class Runtime:
         """The process's Spark session: the one given, else the configured one, started (or connected to, for a
         Spark Connect ``spark.remote``) on first use, named ``app_name``."""
         if self._spark is None:
-            from .spark_session import get_spark
+            from .spark.session import get_spark
 
             config = self.config
             self._spark = get_spark(config.spark_master, app_name, s3=config.warehouse.startswith("s3"),

@@ -52,7 +52,7 @@ class Source(Protocol):
     # default) or ``pa.string()`` for gauges beyond int64 (Kinesis sequence numbers), encoded
     # order-preservingly by :mod:`reclock.offsets`. Reads and frontiers always use Python ints.
     # Optional ``max_task_offsets``: the widest offset span one Spark read task covers (default
-    # :data:`reclock.spark_rows.MAX_TASK_OFFSETS`); None for sparse gauges (sequence numbers,
+    # :data:`reclock.spark.rows.MAX_TASK_OFFSETS`); None for sparse gauges (sequence numbers,
     # timetokens), whose spans say nothing about how many records they hold.
     # Optional ``content_columns``: the data columns that make up a record's contents in AS OF
     # views (default: all); the others describe the change (e.g. Postgres op, xid, commit_time).
@@ -70,7 +70,7 @@ class Source(Protocol):
     # Optional ``reads_bad_records = True``: ``read`` also takes ``on_bad_record`` (:data:`ON_BAD_RECORD`);
     # with ``"dead_letter"`` it yields ``(BadRecord(raw, error), offset, diff)`` for a record it cannot
     # decode, with the error it would raise, and reads on (the files source).  Such a source can have
-    # ``on_bad_record: dead_letter`` through the Python data source (:mod:`reclock.spark_source`).
+    # ``on_bad_record: dead_letter`` through the Python data source (:mod:`reclock.spark.source`).
 
     def commit(self, frontier: Frontier) -> None:
         """Tell upstream everything below ``frontier`` is durable here (offset resumption frontier)."""

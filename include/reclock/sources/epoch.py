@@ -4,7 +4,7 @@ After ``reclock new-epoch`` the source's gauge offset is ``base + upstream offse
 (:mod:`reclock.engine.upstream`, "Epochs").  :class:`EpochSource` is where that translation happens
 for everything the steps ask the upstream (upper, released, committed, start, commit, reads), so the
 steps, status and the checks see one monotone gauge.  Spark reads translate in
-:func:`reclock.spark_source.read_ranges` (given the base), since Spark rebuilds the source from its spec.
+:func:`reclock.spark.source.read_ranges` (given the base), since Spark rebuilds the source from its spec.
 """
 from __future__ import annotations
 

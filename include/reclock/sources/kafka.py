@@ -14,7 +14,7 @@ stop as soon as the consumer position reaches ``end``; offsets that carry no vis
 Commits write the consumer group's committed offsets, which in Kafka mean "next offset to
 read" - the same meaning as a frontier's upper.
 
-Spark reads ranges of a Kafka source through Spark's own Kafka source (:mod:`reclock.spark_kafka`); this module
+Spark reads ranges of a Kafka source through Spark's own Kafka source (:mod:`reclock.spark.kafka`); this module
 checks them against the log start offsets and the upper first (:meth:`KafkaSource.check_readable_rows`) and
 says which encodings Spark decodes exactly (:data:`SPARK_CHARSETS`).  It imports no pyspark.
 """
@@ -339,7 +339,7 @@ class KafkaSource:
     @staticmethod
     def dead_letter_problem(options: Mapping[str, Any]) -> str | None:
         """Why a source built from ``options`` cannot dead-letter records (``on_bad_record: dead_letter``), or
-        None: only the Spark read (:func:`reclock.spark_kafka.spark_read`) goes on past a record it cannot decode, and it reads
+        None: only the Spark read (:func:`reclock.spark.kafka.spark_read`) goes on past a record it cannot decode, and it reads
         the encodings that Spark decodes exactly (:data:`SPARK_CHARSETS`)."""
         encoding = options.get("encoding", "utf-8")
         try:
@@ -435,5 +435,5 @@ def check_partition_range(partition: Partition, start: int, end: int) -> tuple[i
 
 #: Python codec name -> the Java charset Spark decodes it with, byte for byte the same.  Others
 #: (e.g. "utf-16", whose byte order without a BOM differs between Python and Java) have no Spark
-#: read: :func:`reclock.spark_kafka.spark_read` returns None for them.
+#: read: :func:`reclock.spark.kafka.spark_read` returns None for them.
 SPARK_CHARSETS = {"utf-8": "UTF-8", "iso8859-1": "ISO-8859-1", "ascii": "US-ASCII"}

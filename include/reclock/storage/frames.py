@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..spark_session import spark_schema
+from ..spark.session import spark_schema
 from .layout import spark_uri
 
 

@@ -18,7 +18,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from .. import offsets
 from ..engine import Frontier, Remap
-from ..spark_session import spark_schema
+from ..spark.session import spark_schema
 from . import commits
 from .commits import REMAP_APP, RECLOCKED_APP, SINCE_APP, app_version
 from .files import add_action, footer, parquet_stats, read_rows, rows_added

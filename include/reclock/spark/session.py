@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-JARS = Path(__file__).resolve().parents[2] / "var" / "jars" / "spark"
+JARS = Path(__file__).resolve().parents[3] / "var" / "jars" / "spark"
 S3_JARS = JARS.parent / "spark-s3"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -109,7 +109,7 @@ def connect_server_command(port: int, host: str = "0.0.0.0", master: str = "loca
     import pyspark
 
     python = python or sys.executable
-    include = str(Path(__file__).resolve().parents[1])
+    include = str(Path(__file__).resolve().parents[2])
     inherited = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
     pythonpath = os.pathsep.join(dict.fromkeys([include, *inherited]))
     spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
@@ -170,7 +170,7 @@ def remote_spark(url: str, app_name: str = "reclock", conf: dict | None = None):
     if DELTA_CONF["spark.sql.extensions"] not in extensions:
         raise SparkSetupError(f"the Spark Connect server at {url} has no Delta Lake (spark.sql.extensions is "
                               f"{extensions!r}): start it with reclock's jars and settings (python -m "
-                              "reclock.spark_session; docs: operations/spark.md, A long-lived Spark)")
+                              "reclock.spark.session; docs: operations/spark.md, A long-lived Spark)")
     return spark
 
 
@@ -192,13 +192,13 @@ def spark_schema(arrow_schema):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reclock.spark_session [--port 15002] [--master M] [--config F] [--print]``: run (exec) the Spark
+    """``python -m reclock.spark.session [--port 15002] [--master M] [--config F] [--print]``: run (exec) the Spark
     Connect server of :func:`connect_server_command`, with the sources file's ``spark.conf`` (s3a jars when its
     warehouse is on S3); ``--print`` prints the command instead."""
     import argparse
     import shlex
 
-    parser = argparse.ArgumentParser(prog="python -m reclock.spark_session", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m reclock.spark.session", description=main.__doc__)
     parser.add_argument("--port", type=int, default=15002)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--master", default=os.environ.get("RECLOCK_SPARK_MASTER", "local[2]"))
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the sources file (default: $RECLOCK_CONFIG or include/sources.yaml)")
     parser.add_argument("--print", action="store_true", help="print the command and its environment, run nothing")
     args = parser.parse_args(argv)
-    from .config import load_config
+    from ..config import load_config
 
     config = load_config(args.config)
     argv_, env = connect_server_command(args.port, args.host, args.master, s3=config.warehouse.startswith("s3"),

@@ -1,5 +1,5 @@
 """What a read of offset ranges yields, whoever reads (the "reclock" Python data source of
-:mod:`reclock.spark_source`, or Spark's own Kafka source, :mod:`reclock.spark_kafka`): the columns, the checks of
+:mod:`reclock.spark.source`, or Spark's own Kafka source, :mod:`reclock.spark.kafka`): the columns, the checks of
 the ranges and of ``on_bad_record``, and how a source's error travels through a Spark job.
 
 Law: a read of ranges ``[into_time, partition, start, end]`` yields, for every record the source holds at
@@ -13,9 +13,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from . import offsets
-from .sources import ON_BAD_RECORD
-from .sources.base import SourceError, reads_bad_records
+from .. import offsets
+from ..sources import ON_BAD_RECORD
+from ..sources.base import SourceError, reads_bad_records
 
 META_COLUMNS = ("partition", "offset", "into_time", "diff")
 MAX_TASK_OFFSETS = 500_000

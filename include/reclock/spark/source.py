@@ -1,8 +1,8 @@
 """Reading offset ranges of any Source into Spark, each record stamped with its range's IntoTime.
 
 :func:`read_ranges` is the entry point.  A source kind that Spark reads natively has a read in
-:data:`NATIVE_READS` (Kafka, through Spark's own Kafka source: :mod:`reclock.spark_kafka`); it must return the
-same rows as the data source below (the law of :mod:`reclock.spark_rows`), or None to decline.  Every other
+:data:`NATIVE_READS` (Kafka, through Spark's own Kafka source: :mod:`reclock.spark.kafka`); it must return the
+same rows as the data source below (the law of :mod:`reclock.spark.rows`), or None to decline.  Every other
 source, or one that declines, is read by the PySpark Python Data Source ("reclock") of this module, record by
 record with ``source.read``.
 
@@ -31,7 +31,7 @@ source whose ``read`` yields a :class:`~reclock.sources.base.BadRecord` for such
 bytes as raw value.  For any other source it stops at a record the source cannot decode.
 
 Native reads need what they read with on the session (Kafka: the spark-sql-kafka jars, which
-:func:`reclock.spark_session.get_spark` loads), and no Python workers.  For the Python data source,
+:func:`reclock.spark.session.get_spark` loads), and no Python workers.  For the Python data source,
 Spark's Python workers must be able to import ``reclock`` (and the source's client library):
 start the session with ``PYSPARK_PYTHON`` pointing at the project's interpreter
 (``.venv/bin/python``, where reclock is installed editable), or set ``spark.pyspark.python``.
@@ -50,16 +50,16 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from . import offsets
-from .engine import Frontier, Range
-from .engine.upstream import earlier_epoch_problems, upstream_ranges
-from .sources import build_source
-from .sources.base import BadRecord, SourceError
-from .spark_rows import (  # noqa: F401 (the read's contract, used from here by the steps)
+from .. import offsets
+from ..engine import Frontier, Range
+from ..engine.upstream import earlier_epoch_problems, upstream_ranges
+from ..sources import build_source
+from ..sources.base import BadRecord, SourceError
+from .rows import (  # noqa: F401 (the read's contract, used from here by the steps)
     BAD_RECORD_COLUMNS, MAX_TASK_OFFSETS, META_COLUMNS, check_on_bad_record, normalize_ranges,
     output_arrow_schema, source_error, worker_source_error,
 )
-from .spark_session import spark_schema
+from .session import spark_schema
 
 NAME = "reclock"
 BATCH_ROWS = 8192
@@ -222,13 +222,13 @@ def register(spark) -> None:
 
 
 def _kafka_read(source, spark, ranges, on_bad_record="fail"):
-    from .spark_kafka import spark_read
+    from .kafka import spark_read
 
     return spark_read(source, spark, ranges, on_bad_record)
 
 
 #: Source kind -> its native Spark read ``(source, spark, ranges, on_bad_record) -> DataFrame | None`` (None:
-#: declined, read by the Python data source), which must yield the rows of the law of :mod:`reclock.spark_rows`.
+#: declined, read by the Python data source), which must yield the rows of the law of :mod:`reclock.spark.rows`.
 NATIVE_READS = {"kafka": _kafka_read}
 
 

@@ -1,6 +1,6 @@
 """Kafka ranges read by Spark's own Kafka source (spark-sql-kafka, the Java client) instead of record by record.
 
-Law (:mod:`reclock.spark_rows`): :func:`spark_read` yields the rows of reading each range with
+Law (:mod:`reclock.spark.rows`): :func:`spark_read` yields the rows of reading each range with
 :meth:`reclock.sources.kafka.KafkaSource.read` and stamping it with the range's IntoTime.  It reads each
 partition's ``[min start, max end)`` of the ranges in one batch read and stamps IntoTime by a broadcast join with
 the ranges; records there that no range covers are dropped.  The driver checks the ranges against the log
@@ -13,10 +13,10 @@ import codecs
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from .sources.base import SourceError
-from .sources.kafka import SPARK_CHARSETS, KafkaSource, check_partition_range
-from .spark_rows import BAD_RECORD_COLUMNS, MAX_TASK_OFFSETS, normalize_ranges, output_arrow_schema, source_error
-from .spark_session import spark_schema
+from ..sources.base import SourceError
+from ..sources.kafka import SPARK_CHARSETS, KafkaSource, check_partition_range
+from .rows import BAD_RECORD_COLUMNS, MAX_TASK_OFFSETS, normalize_ranges, output_arrow_schema, source_error
+from .session import spark_schema
 
 
 def spark_read(source: KafkaSource, spark, ranges: Iterable[Sequence[Any]], on_bad_record: str = "fail"):
@@ -35,7 +35,7 @@ def spark_read(source: KafkaSource, spark, ranges: Iterable[Sequence[Any]], on_b
 
     ``on_bad_record``: ``fail`` (a key or value not valid in the source's ``encoding`` fails the Spark job,
     naming topic, partition and offset), or ``dead_letter``: every record is kept, with the
-    columns :data:`reclock.spark_rows.BAD_RECORD_COLUMNS` added: null for a record that decodes;
+    columns :data:`reclock.spark.rows.BAD_RECORD_COLUMNS` added: null for a record that decodes;
     for one that does not, why (one line) and its raw key and value bytes, its data columns null.
     """
     from pyspark.sql import functions as F
@@ -91,7 +91,7 @@ def spark_options(source: KafkaSource, spans: Mapping[int, tuple[int, int]]) -> 
     Spark's reads use a consumer group of their own and never commit: the source's ``group_id``
     is not passed, its committed offsets are untouched.  ``timeout_s`` bounds each poll
     (``kafkaConsumer.pollTimeoutMs``: a poll returning nothing fails the task), and a partition's
-    span is cut into tasks of at most :data:`~reclock.spark_rows.MAX_TASK_OFFSETS` offsets,
+    span is cut into tasks of at most :data:`~reclock.spark.rows.MAX_TASK_OFFSETS` offsets,
     as the per-record reader does.  ``config`` is translated by :func:`spark_client_options`.
 
     ``kafka.fetch.max.wait.ms`` is :data:`SPARK_FETCH_MAX_WAIT_MS` unless ``config`` sets ``fetch.wait.max.ms``:
@@ -194,7 +194,7 @@ def read_tasks(spans: Mapping[int, tuple[int, int]], max_offsets: int | None = N
                min_offsets: int | None = None, max_partitions: int | None = None) -> tuple[int, int]:
     """``(tasks, natural)``: the read tasks a Spark read of ``spans`` (partition -> ``[start, end)``) runs in, and
     the ones Spark's Kafka source makes of them (one per partition, split at ``max_offsets``, default
-    :data:`~reclock.spark_rows.MAX_TASK_OFFSETS`; ``min_offsets`` and ``max_partitions`` default
+    :data:`~reclock.spark.rows.MAX_TASK_OFFSETS`; ``min_offsets`` and ``max_partitions`` default
     :data:`MIN_TASK_OFFSETS` and :data:`MAX_TASK_PARTITIONS`)::
 
         natural = sum over p of ceil((end_p - start_p) / max_offsets)
