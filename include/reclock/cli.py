@@ -18,6 +18,7 @@ from . import epochs, pipeline
 from .config import config_schema_text
 from .query import QueryError, common_readable, duckdb_as_of, query_as_of, spark_needed
 from .runtime import Runtime
+from .secrets import redact
 from .status import status
 
 STEP_COMMANDS = (*pipeline.STEPS, "run")  # a step of a source, or all of them in order
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             query_as_of(spark, sql, t, names, runtime).show(args.limit, truncate=False)
     except (QueryError, ValueError, RuntimeError) as e:
         for line in getattr(e, "problems", None) or [str(e)]:
-            print(f"reclock: error: {line}", file=sys.stderr)
+            print(f"reclock: error: {redact(str(line))}", file=sys.stderr)
         return 2
     return 0
 

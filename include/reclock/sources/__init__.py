@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..secrets import remember_options
 from .base import ON_BAD_RECORD, Source, SourceError
 
 SourceFactory = Callable[..., Source]
@@ -124,7 +125,9 @@ def dead_letter_problem(kind: str, options: Mapping[str, Any]) -> str | None:
 
 
 def build_source(spec: Mapping[str, Any]) -> Source:
-    """Build a source from ``{"kind": ..., **kwargs}``."""
+    """Build a source from ``{"kind": ..., **kwargs}``; its secrets are remembered first (:mod:`reclock.secrets`)."""
+    if isinstance(spec, Mapping):
+        remember_options(spec)  # before anything can log or raise them
     if not isinstance(spec, Mapping) or "kind" not in spec:
         raise SourceError(f"a source spec is a mapping with a 'kind', got {spec!r}")
     kwargs = dict(spec)
