@@ -25,7 +25,8 @@ LONGEST_FIRST = ("test_pipeline.py", "test_connections.py", "test_postgres_snaps
                  "test_pipeline_sources.py", "test_recorded_gauges.py", "test_checks.py", "test_backfill.py",
                  "test_upstream.py", "test_spark_connect.py", "test_races.py", "test_postgres_types.py",
                  "test_dags.py", "test_kinesis_source.py", "test_spark_source.py", "test_progress_view.py",
-                 "test_airflow_e2e.py", "test_standalone.py", "test_truncate.py", "test_transactions.py")
+                 "test_airflow_e2e.py", "test_standalone.py", "test_truncate.py", "test_transactions.py",
+                 "test_secrets.py")
 
 
 def pytest_collection_modifyitems(items):
