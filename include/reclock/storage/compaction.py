@@ -84,9 +84,13 @@ class CompactingTables(Tables):
                 self._optimize(kind)
             started = now_ms()
             if vacuum_due(vacuumed.get(kind), started, retention_hours):
-                commits.vacuum(self.spark, self.table_uri(kind), retention_hours)
+                self._vacuum(kind, retention_hours)
                 vacuumed[kind] = started
                 write_json(self.uri, VACUUMED, vacuumed, self.storage_options)
+
+    def _vacuum(self, kind: Kind, retention_hours: float) -> None:
+        """Delete the table's files removed more than ``retention_hours`` ago (:func:`~reclock.storage.commits.vacuum`)."""
+        commits.vacuum(self.spark, self.table_uri(kind), retention_hours)
 
     def vacuumed(self) -> dict[str, int]:
         """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``): {} before any,
