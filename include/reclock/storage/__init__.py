@@ -25,17 +25,20 @@ tick (its rows, upstream)   remap        delta-rs              the stored ``recl
 upstream record             remap        delta-rs              never retried: any commit since the read refuses it
                                                                (properties never overwrite a record not read)
 publish (Spark's files)     reclocked    delta-rs              as a tick's, with ``reclock.reclocked``
-dead letters of a publish   dead_letter  delta-spark           compare-and-append: refused when rows or the app
-                                                               landed since the read
-landing                     landing      delta-spark           Delta skips an app version taken, which the writer
-                                                               sees; a growing landing compares uppers first
-``since``                   remap        delta-spark           idempotent: ``since`` only grows (max with stored)
-compaction rewrites         remap,       delta-spark           Delta refuses a ``replaceWhere`` that a racing
-                            reclocked    (``replaceWhere``)    commit added rows under; rows keep their sums, the
-                                                               next compaction finishes
+dead letters of a publish   dead_letter  delta-rs (pyarrow)    as a tick's, with ``reclock.dead_letter``; only rows
+                                                               after the app's version are added
+landing                     landing      delta-rs (files by    as a tick's, with ``reclock.landing``; a landing
+                                         Spark or pyarrow)     committed before the read is seen in what is landed
+``since``                   remap        delta-rs              as a tick's, with ``reclock.since`` (only grows)
+compaction of remap         remap        delta-rs (pyarrow,    never retried: any commit since the read refuses it;
+                                         ``predicate``)        rows keep their sums, the next compaction finishes
+compaction of reclocked     reclocked    delta-spark           Delta refuses a ``replaceWhere`` that a racing
+                                         (``replaceWhere``)    commit added rows under; as above
 backfill repair             reclocked    delta-spark           as a compaction rewrite
-OPTIMIZE, VACUUM            each         delta-spark           OPTIMIZE changes no row; VACUUM deletes only files
-                                                               no version within the retention reads
+OPTIMIZE                    each         delta-rs              changes no row; a commit that removed one of its
+                                                               files refuses it
+VACUUM                      each         delta-rs (full)       deletes only files no version within the retention
+                                                               reads
 ==========================  ===========  ====================  ==================================================
 
 A write whose app version is not above the stored one commits nothing, so a step rerun after a crash commits
@@ -43,7 +46,8 @@ nothing twice; a conflict is :class:`ConcurrentWriteError` naming the table and 
 another Delta writer changed beyond what reclock reads and writes is refused when opened
 (:mod:`reclock.storage.table_protocol`).  Each commit is observed as :mod:`reclock.points`'s commit of its name (the
 crash points of the fault tests).  delta-rs claims a version with put-if-absent on a local disk and on S3;
-delta-spark's default S3 log store keeps racing commits apart only within one Spark driver (docs/limitations.md).
+delta-spark's default S3 log store keeps racing commits apart only within one Spark driver, which leaves the two
+rewrites of the reclocked table it still makes (compaction, a backfill repair; docs/limitations.md).
 
 **The modules.**  :mod:`~reclock.storage.layout` (where things lie, schemas, errors), :mod:`~.commits` (every
 commit), :mod:`~.files` (Parquet footers and Delta statistics, no JVM), :mod:`~.tables` (opening, creating,

@@ -1,10 +1,13 @@
 """Every Delta commit reclock makes, by either writer: the mechanisms of the commit protocol that
 :mod:`reclock.storage` states (which commit, its writer, its app transaction, why racing writers cannot both win).
 
-delta-rs (no JVM): :func:`create_table`, :func:`commit_added` (files already written, or written inside the
-commit's crash points), :func:`set_properties`.  delta-spark (the DataFrame API and SQL of a Spark session, not its
-Python ``DeltaTable``, which needs Delta's plugin on a Spark Connect server): :func:`append`,
-:func:`compare_and_append`, :func:`overwrite_where`, :func:`optimize`, :func:`vacuum`.  Each is observed as
+delta-rs (no JVM): :func:`create_table`, :func:`commit_added` (files already written, by Spark or pyarrow, or
+written inside the commit's crash points), :func:`set_properties`, :func:`overwrite_rows_where` (rows in Arrow),
+:func:`optimize`, :func:`vacuum`.  delta-spark (the DataFrame API of a Spark session, not its Python
+``DeltaTable``, which needs Delta's plugin on a Spark Connect server): :func:`overwrite_where` (a rewrite computed in
+Spark: compaction of the reclocked table, a backfill repair); :func:`append` and :func:`compare_and_append` (no product
+commit uses it any more: the next change removes it with its tests) remain, :func:`append` for the transactions
+step's tables.  Each is observed as
 :mod:`reclock.points`'s commit ``tick``, ``publish``, ``compact``, ``compact-remap``, ``compact-reclocked`` or its
 app transaction's name; a Delta conflict (another writer committed first, nothing committed here) is raised as
 :class:`~reclock.storage.layout.ConcurrentWriteError` naming the table and what was not written.
@@ -19,7 +22,7 @@ from deltalake import DeltaTable
 
 from .. import points
 from ..clock import now_ms
-from .layout import ConcurrentWriteError, delta_path, spark_uri
+from .layout import ConcurrentWriteError, spark_uri
 
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
 LANDING_APP = "reclock.landing"  # version = number of landings
@@ -162,25 +165,49 @@ def overwrite_where(df, uri: str, columns: list[str], predicate: str, point: str
          .save(spark_uri(uri)))
 
 
-def optimize(spark, uri: str, min_file_bytes: int) -> None:
-    """Merge the files below ``min_file_bytes`` of the Delta table at ``uri`` (Delta OPTIMIZE, a rewrite whose
-    rows stay the same; it commits only when there are files to merge)."""
-    with sql_conf(spark, "spark.databricks.delta.optimize.minFileSize", str(min_file_bytes)):
-        spark.sql(f"OPTIMIZE {delta_path(uri)}")
+def optimize(dt: DeltaTable, min_file_bytes: int) -> None:
+    """Merge the files below ``min_file_bytes`` of the table ``dt`` was read at into files of up to that size
+    (delta-rs OPTIMIZE: a rewrite whose rows stay the same, one commit of removes and adds, none when no two files
+    are small enough to merge).  An append committed meanwhile is not in conflict with it (delta-rs rebases the
+    commit over it); a commit that removed one of its files is: :class:`ConcurrentWriteError`, nothing merged."""
+    with _delta_rs_conflicts(f"{dt.table_uri}: another writer removed files OPTIMIZE was merging; nothing merged"):
+        dt.optimize.compact(target_size=min_file_bytes)
 
 
-def vacuum(spark, uri: str, retention_hours: float) -> None:
-    """Delete the files of the Delta table at ``uri`` removed more than ``retention_hours`` ago, rounded up to
-    whole hours (Delta VACUUM rounds its retention to whole hours: 0.4 h would keep nothing).
+def vacuum(dt: DeltaTable, retention_hours: float) -> None:
+    """Delete the files of the table ``dt`` was read at that no version within ``retention_hours`` (rounded up to
+    whole hours) reads: files removed longer ago, and files never committed (staged attempts, a write killed
+    before its commit) older than that; ``_``-named files and directories stay (``_delta_log``, ``_SUCCESS``).
 
-    Delta 4 ignores a ``RETAIN`` other than 0 hours by default, for the table property
-    ``delta.deletedFileRetentionDuration`` (7 days): then a source keeping files 30 days would lose
-    them after 7, and one keeping them an hour would keep them 7 days.  Its ``retentionWindowIgnore``
-    conf is turned off for the statement, so the retention is the source's, and no table property
-    (a metadata commit, conflicting with every write in flight) changes."""
-    with (sql_conf(spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"),
-          sql_conf(spark, "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled", "false")):
-        spark.sql(f"VACUUM {delta_path(uri)} RETAIN {math.ceil(retention_hours)} HOURS")
+    delta-rs VACUUM in full mode, which lists the table's directory as Delta's own VACUUM does, with the source's
+    retention, not the table property ``delta.deletedFileRetentionDuration``."""
+    with _delta_rs_conflicts(f"{dt.table_uri}: another writer committed while VACUUM recorded its deletions"):
+        dt.vacuum(retention_hours=math.ceil(retention_hours), dry_run=False, enforce_retention_duration=False,
+                  full=True)
+
+
+def overwrite_rows_where(uri: str, rows, predicate: str, point: str, raced: str,
+                         storage_options: dict | None = None) -> None:
+    """Replace the rows of the Delta table at ``uri`` matching ``predicate`` by Arrow ``rows`` (every one must
+    match it) in one delta-rs commit without an app transaction, never retried: any commit since it read the
+    table refuses it (:class:`ConcurrentWriteError` saying ``raced``, nothing rewritten); observed as commit
+    ``point``."""
+    from deltalake import CommitProperties, write_deltalake
+
+    with _delta_rs_conflicts(raced), points.commit(point, uri):
+        write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=storage_options,
+                        commit_properties=CommitProperties(max_commit_retries=0))
+
+
+@contextmanager
+def _delta_rs_conflicts(message: str):
+    """Raise :class:`ConcurrentWriteError` with ``message`` for a delta-rs commit another writer's refused."""
+    from deltalake.exceptions import CommitFailedError
+
+    try:
+        yield
+    except CommitFailedError as e:
+        raise ConcurrentWriteError(f"{message} ({str(e).splitlines()[0]})") from None
 
 
 @contextmanager

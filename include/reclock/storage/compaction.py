@@ -73,8 +73,8 @@ class CompactingTables(Tables):
         since, upper = max(since, stored), min(self.remap_upper(), self.reclocked_upper())
         if since >= upper:
             raise WarehouseError(f"cannot compact to {since}: published only below {upper}")
-        if stored < since:
-            self._append("remap", self._frame("remap", self.schemas["remap"].empty_table()), SINCE_APP, since)
+        if stored < since:  # one delta-rs commit of the app transaction alone
+            commits.commit_added(self.table("remap"), [], SINCE_APP, since)
         self._consolidate_remap(since)
         self._consolidate_reclocked(since, offsets_unique)
         dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
@@ -90,7 +90,7 @@ class CompactingTables(Tables):
 
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
         """Delete the table's files removed more than ``retention_hours`` ago (:func:`~reclock.storage.commits.vacuum`)."""
-        commits.vacuum(self.spark, self.table_uri(kind), retention_hours)
+        commits.vacuum(self.table(kind), retention_hours)
 
     def vacuumed(self) -> dict[str, int]:
         """When compaction last vacuumed each table (ms by kind, from ``<source>/vacuumed.json``): {} before any,
@@ -106,7 +106,7 @@ class CompactingTables(Tables):
         """Rewrite remap rows at or before ``since`` as one row per partition at ``since``; False if already so.
 
         Remap is small (one row per partition and tick), and big offsets must sum exactly: the
-        rows are folded in Python (:meth:`Remap.compact`) and written back in one overwrite.
+        rows are folded in Python (:meth:`Remap.compact`) and written back in one delta-rs overwrite, no JVM.
         """
         old = self._read("remap", filter=pc.field("into_time") <= since)
         folded: dict = {}
@@ -117,8 +117,8 @@ class CompactingTables(Tables):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
         uri = self.table_uri("remap")
-        commits.overwrite_where(self._frame("remap", rows), uri, self.schemas["remap"].names,
-                                f"into_time <= {since}", "compact-remap", _REWRITE_RACED.format(uri=uri))
+        commits.overwrite_rows_where(uri, rows, f"into_time <= {since}", "compact-remap",
+                                     _REWRITE_RACED.format(uri=uri), self.storage_options)
         return True
 
     def _consolidate_reclocked(self, since: int, offsets_unique: bool = False) -> bool:

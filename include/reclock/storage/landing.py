@@ -1,10 +1,11 @@
 """``<source>/landing``: records a source could not serve again later, landed once in the warehouse (a Postgres
 source's initial snapshot, read under a snapshot that dies with its connection; a Kinesis stream's records, landed
-at every tick).  Each landing is one commit (app ``reclock.landing`` = the number of landings) whose
-``userMetadata`` records the landed partitions' uppers after it (and the source's state); from then on staging and
-backfills read those partitions' offset ranges from here (:meth:`LandingTables.read_landed`), not upstream.  A
-landing that another landed meanwhile is refused (:class:`~reclock.storage.layout.ConcurrentWriteError`), so no
-record is landed twice.
+at every tick).  Each landing is one delta-rs commit of the files written for it first (by Spark, or pyarrow), with
+app ``reclock.landing`` = the number of landings and ``userMetadata`` recording the landed partitions' uppers after
+it (and the source's state); from then on staging and backfills read those partitions' offset ranges from here
+(:meth:`LandingTables.read_landed`), not upstream.  A landing committed by another writer after this one read the
+table makes Delta refuse this one (:class:`~reclock.storage.layout.ConcurrentWriteError`, nothing landed), and one
+committed before is seen by the check of what is landed already: no record is landed twice.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pyarrow as pa
 
 from .. import offsets
 from ..engine import Frontier
-from .commits import LANDING_APP, append
-from .layout import ConcurrentWriteError, WarehouseError
+from .commits import LANDING_APP, app_version
+from .layout import ConcurrentWriteError, WarehouseError, attempt_dir
 from .tables import Tables
 
 
@@ -24,31 +25,28 @@ class LandingTables(Tables):
 
     def land(self, df, uppers: Frontier) -> None:
         """Append ``df``'s records of the partitions of ``uppers`` (offsets below them) in one commit that
-        records ``uppers``; those partitions are then read from here (:meth:`read_landed`)."""
+        records ``uppers``; those partitions are then read from here (:meth:`read_landed`).  Spark writes the
+        records as Parquet into a fresh directory of the landing table (not in its log), and one delta-rs commit
+        adds them (:meth:`_commit_files`)."""
+        dt, version = self._landing_table()  # read first: a landing after it is either seen below or refused
         again = sorted(set(uppers.partitions) & set(self.landed().partitions), key=str)
         if again:
             raise WarehouseError(f"{self.uri}: partitions {again} are landed already")
         from pyspark.sql import functions as F
 
-        self._land(df.withColumn("into_time", F.lit(0).cast("long")), uppers, {})
-
-    def _land(self, df, uppers: Frontier, fields: dict) -> None:
-        """One landing commit (app ``reclock.landing`` = the number of landings) recording ``uppers`` (the
-        landed partitions' uppers after it) and ``fields`` in its ``userMetadata``; Delta skips it when another
-        landing took the version: :class:`ConcurrentWriteError` then."""
-        self._create_table_if_absent("landing")
-        version = self._app_version("landing", LANDING_APP, 0) + 1
-        append(df, self.table_uri("landing"), self.schemas["landing"].names, LANDING_APP, version,
-               {**fields, "landed": [list(u) for u in uppers]})
-        if self._app_version("landing", LANDING_APP, 0) < version or not uppers.less_equal(self.landed()):
-            raise ConcurrentWriteError(f"{self.uri}: another writer landed records at the same time; nothing landed")
+        directory = attempt_dir("landing/landed")
+        (df.withColumn("into_time", F.lit(0).cast("long")).select(*self.schemas["landing"].names)
+         .write.parquet(self._spark_path(directory)))
+        self._commit_files(dt, "landing", directory, LANDING_APP, version, self._landed_metadata(uppers, {}))
 
     def land_more(self, rows: list[dict], before: Frontier, after: Frontier, state: dict) -> None:
         """Append ``rows`` (the data columns, ``partition`` and ``offset`` as an int) taken after ``before``, the
         landed uppers they were read from, in one commit recording ``after`` and the source's ``state``
         (:meth:`landing_state`): a source whose landing grows at every tick.  Compare-and-append: when the
         landed uppers are no longer ``before`` (another tick landed meanwhile) :class:`ConcurrentWriteError` and
-        nothing landed, so no record is landed twice.  Every row lies in ``[before, after)`` of its partition."""
+        nothing landed, so no record is landed twice.  Every row lies in ``[before, after)`` of its partition.
+        Written with pyarrow and committed by delta-rs: no JVM."""
+        dt, version = self._landing_table()
         if (now := self.landed()) != before:
             raise ConcurrentWriteError(f"{self.uri}: landed uppers are {now}, not {before} as read: another tick "
                                        "landed meanwhile; nothing landed")
@@ -62,7 +60,20 @@ class LandingTables(Tables):
                  for r in rows], schema=self.schemas["landing"])
         except offsets.OffsetError as e:
             raise WarehouseError(f"{self.uri}: cannot land records: {e}") from e
-        self._land(self._frame("landing", table), after, {"state": state})
+        self._commit_rows(dt, "landing", table, LANDING_APP, version, self._landed_metadata(after, {"state": state}))
+
+    def _landing_table(self):
+        """The landing table (created when missing) as read now, and the version of the next landing (app
+        ``reclock.landing`` = the number of landings).  A landing commits with the app transaction: another landing
+        committed since this read makes Delta refuse it (:class:`ConcurrentWriteError`, nothing landed)."""
+        self._create_table_if_absent("landing")
+        dt = self.table("landing")
+        return dt, app_version(dt, LANDING_APP, 0) + 1
+
+    @staticmethod
+    def _landed_metadata(uppers: Frontier, fields: dict) -> dict:
+        """A landing commit's ``userMetadata``: the landed partitions' uppers after it, and ``fields``."""
+        return {**fields, "landed": [list(u) for u in uppers]}
 
     def _landings(self, field: str, read):
         """``read(value)`` of ``field`` in each landing commit's ``userMetadata``, newest first; commits without

@@ -10,7 +10,7 @@ What the checks need to know of a batch from the upstream (a Postgres source's p
 the attempt's ``_batch.json``, and so are the batch's records that could not be decoded (``_dead_letter/``, a
 source with ``on_bad_record: dead_letter``), so ``_SUCCESS`` covers them too.  The dead letters are published by
 the same publish, just before the records, into ``<source>/dead_letter`` (app ``reclock.dead_letter`` = the
-batch's last IntoTime; only rows after the app's version, a compare-and-append), so none is added twice.
+batch's last IntoTime; only rows after the app's version, one delta-rs commit), so none is added twice.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from . import commits
-from .commits import DEAD_LETTER_APP, RECLOCKED_APP, app_version, compare_and_append
-from .files import add_action, footer, footer_rows, max_into_time, parquet_files, parquet_stats
+from .commits import DEAD_LETTER_APP, RECLOCKED_APP, app_version
+from .files import add_action, footer, footer_rows, parquet_files, parquet_stats
 from .layout import (STAGED, STAGED_DEAD_LETTERS, STAGED_METADATA, SUCCESS, Kind, WarehouseError, attempt_dir,
                      same_columns, schema_diff, upto_dir)
 from .side_files import write_json
@@ -194,9 +194,10 @@ class StagingTables(Tables):
     def _publish_dead_letters(self, fs: pafs.FileSystem, attempt: str, upto: int) -> None:
         """Append the dead letters staged in ``attempt`` (if it has them) to the dead-letter table, creating it,
         with app ``reclock.dead_letter`` = ``upto``: only rows with an IntoTime after the app's version (those
-        before are in already), as a compare-and-append, so none is added twice.  Staged files without rows (the
-        footers say so; most batches have no bad record) commit nothing: a later batch's dead letters all lie
-        after the app's version anyway."""
+        before are in already), in one delta-rs commit refused when another carrying the app landed since this one
+        read the table, so none is added twice.  Dead letters are few: read and written with pyarrow, no JVM.
+        Staged files without rows (most batches have no bad record) commit nothing: a later batch's dead letters all
+        lie after the app's version anyway."""
         files = self._staged_dead_letter_files(fs, attempt)
         if files is None:
             return
@@ -207,12 +208,10 @@ class StagingTables(Tables):
         done = app_version(dt, DEAD_LETTER_APP, -1)
         if done >= upto:
             return
-        from pyspark.sql import functions as F
-
-        staged = (self.spark.read.schema(self.spark_schema("dead_letter"))
-                  .parquet(*[self._spark_path(i.path) for i in files]).where(F.col("into_time") > done))
-        compare_and_append(staged, self.table_uri("dead_letter"), self.schemas["dead_letter"].names, DEAD_LETTER_APP,
-                           upto, max_into_time(dt))
+        schema = self.schemas["dead_letter"]
+        rows = pads.dataset([i.path for i in files], schema=schema, filesystem=fs, format="parquet").to_table(
+            filter=pads.field("into_time") > done)
+        self._commit_rows(dt, "dead_letter", rows, DEAD_LETTER_APP, upto)
 
     def _check_staged(self, fs: pafs.FileSystem, info: pafs.FileInfo, lower: int, upto: int) -> dict:
         """A staged file's schema matches and its IntoTimes lie in [lower, upto] (from its footer); its Delta

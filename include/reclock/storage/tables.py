@@ -21,7 +21,7 @@ from ..engine import Frontier, Remap
 from ..spark.session import spark_schema
 from . import commits
 from .commits import REMAP_APP, RECLOCKED_APP, SINCE_APP, app_version
-from .files import add_action, footer, parquet_stats, read_rows, rows_added
+from .files import add_action, footer, parquet_files, parquet_stats, read_rows, rows_added
 from .frames import spark_frame
 from .layout import (KINDS, ConcurrentWriteError, Kind, WarehouseError, arrow_schema, dead_letter_schema,
                      reclocked_schema, remap_schema, same_columns, schema_diff, spark_uri)
@@ -243,9 +243,8 @@ class Tables:
         if self._has_many_small_files("remap"):  # a file per tick: keep reads cheap
             try:
                 self._optimize("remap")
-            except Exception as e:  # the binding is stored; a racing tick's commit makes OPTIMIZE retry later
-                if not commits.concurrent(e):
-                    raise
+            except ConcurrentWriteError:  # the binding is stored; a racing compaction's rewrite: OPTIMIZE later
+                pass
         return True
 
     def _commit_rows(self, dt: DeltaTable, kind: Kind, rows: pa.Table, app_id: str, version: int,
@@ -270,8 +269,19 @@ class Tables:
         return (pc.sum(pc.less(sizes, OPTIMIZE_MIN_FILE_BYTES)).as_py() or 0) > SMALL_FILES_MAX
 
     def _optimize(self, kind: Kind) -> None:
-        """Merge files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta OPTIMIZE)."""
-        commits.optimize(self.spark, self.table_uri(kind), OPTIMIZE_MIN_FILE_BYTES)
+        """Merge files below ``OPTIMIZE_MIN_FILE_BYTES`` (delta-rs OPTIMIZE, no JVM)."""
+        commits.optimize(self.table(kind), OPTIMIZE_MIN_FILE_BYTES)
+
+    def _commit_files(self, dt: DeltaTable, kind: Kind, directory: str, app_id: str, version: int,
+                      metadata: dict | None = None) -> None:
+        """Add the Parquet files Spark wrote in ``directory`` (relative to the source, inside table ``kind``'s
+        directory, not in its log) to table ``kind``, read as ``dt``, as they are, in one delta-rs commit with the
+        app transaction (:func:`~reclock.storage.commits.commit_added`: refused when a commit carrying it landed
+        since ``dt``); files without rows are left to VACUUM."""
+        fs = self._fs()
+        added = [add_action(info, stats, kind) for info in parquet_files(fs, directory)
+                 if (stats := parquet_stats(footer(fs, info.path)))["numRecords"]]
+        commits.commit_added(dt, added, app_id, version, metadata)
 
     # --- reclocked and dead letters -------------------------------------------------------------------------
 
