@@ -375,11 +375,10 @@ class WarmCommands:
     like :func:`run_cli` does (its own session: kill it with os.killpg; stdout and stderr in one pipe), so a
     test that runs many commands in a row (the SIGKILL fault test) waits for none of their cold starts."""
 
-    def __init__(self, config: str, ahead: int = 1, uses: int | None = None, warm_delta: bool = True):
+    def __init__(self, config: str, ahead: int = 1, uses: int | None = None):
         """``uses``: how many commands the test expects to run (no more start ahead than that: a started JVM
-        costs CPU whether used or not); ``warm_delta``: warm a local JVM on a scratch Delta table too (worth it
-        only where the CPU has idle time to hide it in: long runs, not one round on a busy machine)."""
-        self.config, self.ahead, self.left, self.warm_delta = config, ahead, uses, warm_delta
+        costs CPU whether used or not)."""
+        self.config, self.ahead, self.left = config, ahead, uses
         self.ready = []
         self._top_up()
 
@@ -391,8 +390,7 @@ class WarmCommands:
         import subprocess
 
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        options = [] if self.warm_delta else ["--no-warm-delta"]
-        return subprocess.Popen([sys.executable, "-m", "devtools.warm_step", self.config, *options], env=env,
+        return subprocess.Popen([sys.executable, "-m", "devtools.warm_step", self.config], env=env,
                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)

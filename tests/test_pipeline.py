@@ -199,10 +199,6 @@ KILL_POINTS = {
                 "compact-reclocked:inside"),
 }
 FAULT_ROUNDS = int(os.environ.get("RECLOCK_FAULT_ROUNDS", "1"))
-#: The points inside a commit that Spark's JVM writes: compaction's rewrite of the reclocked table.  Every other
-#: commit is the step's own, delta-rs (a tick's, a publish's, compaction's since and rewrite of remap): its process
-#: dies.
-JVM_COMMITS = {"compact-reclocked:inside"}
 
 
 def test_kill_points_cover_every_step():
@@ -223,28 +219,24 @@ def test_sigkill_at_every_step_boundary_and_delta_commit(kafka_broker, spark, sp
     started ahead of its use (:class:`conftest.WarmCommands`: the same command on the same Spark, its cold start
     paid while the loop does other work).
 
-    A point inside a Delta commit that Spark writes (:data:`JVM_COMMITS`) kills a step with its own local Spark,
-    so the dying JVM is the one writing.  Every other point lies between Spark calls, or inside the step's own
-    commit (a tick's and a publish's, delta-rs), where a driver holds nothing the tables need: there the step is
-    a client of the run's Spark Connect server (the DAGs' long-lived Spark), which dies without a cold JVM.
+    Every commit is the step's own (delta-rs, in its process; Spark only writes files before one), so a point
+    lies between Spark calls or inside the step's own commit, where a driver holds nothing the tables need: the
+    step is a client of the run's Spark Connect server (the DAGs' long-lived Spark), and dies without a cold JVM.
     Then one run completes, and the published table equals the engine's single-writer replay of remap: nothing
     lost, nothing twice."""
     names, config = topics
-    jvm_points = sum(p in JVM_COMMITS for points in KILL_POINTS.values() for p in points)
-    local = WarmCommands(config, ahead=1, uses=jvm_points * FAULT_ROUNDS, warm_delta=FAULT_ROUNDS > 1)
     connected = WarmCommands(over_connect(config, spark_connect),
-                             uses=(sum(map(len, KILL_POINTS.values())) - jvm_points) * FAULT_ROUNDS)
+                             uses=sum(map(len, KILL_POINTS.values())) * FAULT_ROUNDS)
     try:
-        produced = kill_at_every_point(kafka_broker, names["clicks"], config, spark, local, connected)
+        produced = kill_at_every_point(kafka_broker, names["clicks"], config, spark, connected)
     finally:
-        local.close()
         connected.close()
     pipeline.run_once("clicks", config, spark)
     assert_reclocked_is_replay("clicks", config, spark)
     assert sorted(r[0] for r in reclocked_rows("clicks", config)) == sorted(produced)
 
 
-def kill_at_every_point(broker, topic, config, spark, local, connected) -> list[str]:
+def kill_at_every_point(broker, topic, config, spark, connected) -> list[str]:
     """The fault test's kills: the values produced."""
     produced = []
     for round_ in range(FAULT_ROUNDS):
@@ -255,8 +247,7 @@ def kill_at_every_point(broker, topic, config, spark, local, connected) -> list[
                     produce(broker, topic, values)
                     produced += [v[1] for v in values]
                     pipeline.run_once("clicks", config, spark, steps=pipeline.STEPS[:pipeline.STEPS.index(step)])
-                    proc = (local if point in JVM_COMMITS else connected).run(step, "clicks",
-                                                                              env_extra={"RECLOCK_KILL_AT": point})
+                    proc = connected.run(step, "clicks", env_extra={"RECLOCK_KILL_AT": point})
                     output = proc.communicate(timeout=600)[0].decode(errors="replace")
                     if proc.returncode == -signal.SIGKILL:
                         break

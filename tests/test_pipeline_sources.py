@@ -394,7 +394,7 @@ def test_kafka_dead_letter_goes_on_and_keeps_the_bad_records(kafka_broker, spark
 
     # A publish cut after the dead letters and before the records; the next tick brings one more bad record, and
     # the batch is staged again over the longer window: each dead letter is in the table once.
-    real = commits.commit_added  # the reclocked commit (the dead letters' is delta-spark's compare_and_append)
+    real = commits.commit_added  # the reclocked commit (and the dead letters')
 
     def cut(dt, added, app_id, version, metadata=None):
         if app_id == RECLOCKED_APP:

@@ -323,3 +323,47 @@ def test_racing_first_steps_create_each_table_once_on_s3(s3_endpoint, s3fs_, pre
                        if k.endswith(".json")]
             assert commits == ["00000000000000000000.json"], (kind, commits)
         assert Warehouse(root, delta_options(s3_endpoint)).source("s", pa.int32(), DATA).read_remap() == Remap()
+
+
+RACE_TICKS_ON_S3 = """
+import json, sys, time
+import pyarrow as pa
+from reclock.storage import ConcurrentWriteError, Warehouse
+root, options, start, me, ticks = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+tables = Warehouse(root, options).source("s", pa.int32(), pa.schema([("value", pa.string())]))
+while time.time() < start:  # start together
+    pass
+lost = 0
+for _ in range(ticks):  # a tick binds one more offset of partition `me`; one that loses the race reads and tries again
+    while True:
+        before = tables.read_remap()
+        try:
+            assert tables.append_binding(before, before.mint(before.upper, before.frontier.advanced_by({me: 1})))
+            break
+        except ConcurrentWriteError:
+            lost += 1
+print(json.dumps({"lost": lost}))
+"""
+
+
+def test_racing_ticks_on_s3_lose_no_commit(s3_endpoint, s3fs_, prefix):
+    """Four processes tick one source's remap at once on an ``s3://`` warehouse, five ticks each, each tick
+    retried until it commits: every version is claimed with a conditional put, so no commit overwrites another's
+    log entry. Remap ends with every tick (versions 1-20, each carrying ``reclock.remap``, strictly increasing
+    IntoTimes) and every offset bound once."""
+    import json
+
+    root, options = f"s3://{BUCKET}/{prefix}/ticks", delta_options(s3_endpoint)
+    tables = Warehouse(root, options).source("s", pa.int32(), DATA, create=True)
+    start = time.time() + 4
+    procs = [subprocess.Popen([sys.executable, "-c", RACE_TICKS_ON_S3, root, json.dumps(options), str(start), str(me),
+                               "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for me in range(4)]
+    outputs = [(p.wait(timeout=300), p.stdout.read().decode()) for p in procs]
+    assert all(code == 0 for code, _ in outputs), outputs
+    remap = tables.read_remap()
+    assert remap.frontier == Frontier.of({me: 5 for me in range(4)})  # every tick's offset, none twice
+    assert len(remap.increments()) == 20 and len({i.into_time for i in remap.increments()}) == 20
+    log = sorted(os.path.basename(k) for k in s3fs_.ls(f"{BUCKET}/{prefix}/ticks/s/remap/_delta_log")
+                 if k.endswith(".json"))
+    assert log == [f"{v:020d}.json" for v in range(21)]
+    assert tables.remap_upper() - 1 == max(i.into_time for i in remap.increments())

@@ -78,39 +78,55 @@ def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
         ("a1", 0, 1000, 1), ("a2", 3, 1000, 1), ("b1", 0, 1000, 1)]
 
 
-# Over Connect, a Spark job's failure comes back as a gRPC error: the compare-and-append guard and a worker's
-# SourceError must still be recognized in it.
+# Over Connect: a compaction's rewrite (Spark reads the files it replaces by their paths and writes the new ones,
+# delta-rs commits) and a backfill repair's refusal of a row outside its range; a worker's SourceError, which comes
+# back as a gRPC error, is still recognized.
 GUARDS = """
+import pyarrow as pa
 from pyspark.sql import functions as F
+from reclock.engine import Frontier, Remap
 from reclock.spark.session import get_spark
 from reclock.spark.source import source_error, worker_source_error
-from reclock.storage import ConcurrentWriteError, compare_and_append, create_table, remap_schema, spark_frame
-import pyarrow as pa
+from reclock.storage import Warehouse, spark_frame
 spark = get_spark(remote=URL)
-schema = remap_schema(pa.int32())
-create_table(TABLE, schema, "t_remap")
-rows = spark_frame(spark, pa.table({"partition": [0], "into_time": [1], "increment": [5]}), schema)
-compare_and_append(rows, TABLE, schema.names, "app", 1, None)
+tables = Warehouse(ROOT).source("t", pa.int32(), pa.schema([("value", pa.string())]), spark=spark)
+tables.create_if_absent()
+remaps = [Remap()]
+for t, upper in ((5, 2), (9, 3)):
+    remaps.append(remaps[-1].mint(t, Frontier.of({0: upper})))
+    assert tables.append_binding(remaps[-2], remaps[-1])
+rows = [("a", 0, 0, 5, 1), ("b", 0, 1, 5, 1), ("c", 0, 2, 9, 1)]
+for upto in (5, 9):
+    batch = [dict(zip(["value", "partition", "offset", "into_time", "diff"], r)) for r in rows if upto - 4 < r[3] <= upto]
+    tables.stage(spark_frame(spark, pa.Table.from_pylist(batch, schema=tables.schemas["reclocked"]),
+                             tables.schemas["reclocked"]), upto)
+    assert tables.publish_staged(upto)
+tables.compact(7)
+compacted = tables.version("reclocked")
 try:
-    compare_and_append(rows, TABLE, schema.names, "app", 2, None)  # read before the first append: it moved
-    moved = None
-except ConcurrentWriteError as e:
-    moved = str(e)
+    tables.replace_reclocked(spark_frame(spark, pa.Table.from_pylist([dict(zip(["value", "partition", "offset",
+        "into_time", "diff"], ("z", 0, 2, 9, 1)))], schema=tables.schemas["reclocked"]), tables.schemas["reclocked"]), 7, 7)
+    outside = None
+except Exception as e:
+    outside = str(e)
 try:
     spark.range(1).select(source_error(F.lit("orders: partition 3 offset 7 cannot be decoded"))).collect()
     failed = None
 except Exception as e:
     failed = worker_source_error(e)
-emit({"moved": moved, "failed": failed, "rows": spark.read.format("delta").load(TABLE).count()})
+emit({"rows": sorted(map(list, spark.read.format("delta").load(ROOT + "/t/reclocked").select(
+          "value", "into_time", "diff").collect())),
+      "outside": outside, "failed": failed, "versions": [compacted, tables.version("reclocked")]})
 """
 
 
-def test_commit_races_and_source_errors_are_recognized_over_spark_connect(spark_connect, tmp_path):
-    code = f"URL, TABLE = {spark_connect!r}, {str(tmp_path / 'remap')!r}\n" + GUARDS
+def test_a_rewrite_and_source_errors_over_spark_connect(spark_connect, tmp_path):
+    code = f"URL, ROOT = {spark_connect!r}, {str(tmp_path / 'warehouse')!r}\n" + GUARDS
     result = run_python(code, {**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=300)
-    assert result["moved"] and "another writer committed" in result["moved"], result["output"][-3000:]
+    assert result["rows"] == [["a", 7, 1], ["b", 7, 1], ["c", 9, 1]], result["output"][-3000:]
+    assert "a row to replace lies outside 7 <= into_time <= 7: into_time 9" in result["outside"]
+    assert result["versions"][0] == result["versions"][1]  # the refused repair committed nothing
     assert result["failed"] == "orders: partition 3 offset 7 cannot be decoded"
-    assert result["rows"] == 1  # the refused append wrote nothing
 
 
 # The DAG as Airflow parses it with a Spark Connect server configured: which operator runs each Spark step.

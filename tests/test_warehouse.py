@@ -26,7 +26,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reclock import storage
-from reclock.storage.files import parquet_stats
+from reclock.storage.files import files_with_rows, parquet_stats
+from reclock.storage.rewrites import covering
 from reclock.engine import Frontier, Increment, Remap, Update, as_of, compact_updates, reclock
 from reclock.storage import (KINDS, RECLOCKED_APP, REMAP_APP, SINCE_APP, SUCCESS, UpstreamRecord, Warehouse,
                                WarehouseError, vacuum_due)
@@ -134,7 +135,7 @@ def test_append_binding_is_idempotent_and_round_trips(tables):
     assert not tables.append_binding(remaps[0], remaps[1])
     # Delta's idempotent write: an append at a txnVersion not above the stored one is skipped
     stale = tables._remap_rows(remaps[1].increments())
-    tables._append("remap", tables._frame("remap", stale), REMAP_APP, 5)
+    assert not storage.append_rows(tables.table("remap"), stale, REMAP_APP, 5)
     assert tables.version("remap") == 3
     stored = tables.read_remap()
     assert stored == remap and stored.upper == 10 and tables.remap_upper() == 10
@@ -309,30 +310,37 @@ def test_compact_preserves_queries_at_or_after_since(history, tmp_path, offsets_
 
     versions = {k: tables.version(k) for k in KINDS}
     files = {k: sorted(tables.snapshot_files(k)) for k in KINDS}
+    vacuums, vacuum = [], storage.commits.vacuum
+    monkeypatch.setattr(storage.commits, "vacuum", lambda dt, hours: (vacuums.append(hours), vacuum(dt, hours)))
     tables.compact(10)  # below since: compacts to since (25) again, a rerun with nothing to do
     for kind in KINDS:  # no rows rewritten, and no VACUUM: each table was vacuumed under 168 h / 4 ago
         assert sorted(tables.snapshot_files(kind)) == files[kind]
         assert operations_after(tables, kind, versions[kind]) == []
-    assert set(tables.vacuumed()) == set(KINDS)
+    assert set(tables.vacuumed()) == set(KINDS) and vacuums == []
     (tmp_path / "warehouse" / "orders" / "vacuumed.json").write_text("{not json")  # unreadable: vacuum again
     tables.compact(10)
-    for kind in KINDS:
-        assert operations_after(tables, kind, versions[kind]) == ["VACUUM START", "VACUUM END"]
+    assert vacuums == [168.0] * len(KINDS)
+    for kind in KINDS:  # nothing old enough to delete: delta-rs's VACUUM commits nothing
+        assert operations_after(tables, kind, versions[kind]) == []
     assert set(tables.vacuumed()) == set(KINDS)
     assert tables.read_remap() == remap.compact(25) and tables.since() == 25
 
 
-def test_compaction_sizes_its_files_by_the_files_it_rewrites(tables):
-    """The bytes of the files with rows at or before ``since`` (from the Delta log), not of those wholly after it."""
+def test_a_rewrite_reads_the_files_holding_rows_it_covers(tables):
+    """A rewrite of ``low <= into_time <= high`` (compaction: no ``low``) reads and replaces the files whose
+    statistics say they may hold such rows, not those wholly outside (from the Delta log)."""
     remap = store(tables, ticks(Remap(), (10, {0: 2}), (11, {0: 2}), (20, {0: 3})))
     for upto, rows in ((10, [("a", 0, 0), ("b", 0, 1)]), (11, []), (20, [("c", 0, 2)])):
         stage_parquet(tables, upto, as_rows((d, p, o, remap.into_time_of(p, o), 1) for d, p, o in rows))
         assert tables.publish_staged(upto)
-    files = pa.table(tables.table("reclocked").get_add_actions(flatten=True)).to_pylist()
-    size = {f["max.into_time"]: f["size_bytes"] for f in files if f["num_records"]}
+    files = files_with_rows(tables.table("reclocked"))
+    size = {f["max.into_time"]: f["size_bytes"] for f in files.to_pylist()}
     assert set(size) == {10, 20}
-    assert [tables._bytes_at_or_before("reclocked", t) for t in (9, 10, 15, 20)] == [
-        0, size[10], size[10], size[10] + size[20]]
+    covered = {(low, high): sorted(covering(files, "into_time", low, high)["size_bytes"].to_pylist())
+               for low, high in ((None, 9), (None, 10), (None, 15), (None, 20), (11, 19), (11, 20), (10, 10))}
+    assert covered == {(None, 9): [], (None, 10): [size[10]], (None, 15): [size[10]],
+                       (None, 20): sorted([size[10], size[20]]), (11, 19): [], (11, 20): [size[20]],
+                       (10, 10): [size[10]]}
 
 
 def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch):
@@ -343,7 +351,7 @@ def test_compaction_optimizes_only_files_below_the_minimum(history, monkeypatch)
     version, files = tables.version("reclocked"), tables.snapshot_files("reclocked")
     tables.compact(25)
     assert tables.read_remap() == remap.compact(25)
-    assert operations_after(tables, "reclocked", version)[:2] == ["WRITE", "VACUUM START"]  # no OPTIMIZE
+    assert operations_after(tables, "reclocked", version) == ["WRITE"]  # no OPTIMIZE (nor files old enough to VACUUM)
     after = tables.snapshot_files("reclocked")
     assert len(set(after) - set(files)) == 1  # the rows at or before 25, in one file; the others' files as they were
     assert len(after) < len(files)
@@ -356,7 +364,7 @@ def test_compaction_with_few_small_files_runs_no_optimize(history):
     versions = {k: tables.version(k) for k in KINDS}
     tables.compact(25)
     assert tables.read_remap() == remap.compact(25)
-    assert operations_after(tables, "reclocked", versions["reclocked"]) == ["WRITE", "VACUUM START", "VACUUM END"]
+    assert operations_after(tables, "reclocked", versions["reclocked"]) == ["WRITE"]  # the rewrite alone
     assert "OPTIMIZE" not in operations_after(tables, "remap", versions["remap"])
     assert len(tables.snapshot_files("reclocked")) == 2  # the rows at or before 25; the publish of 40 (30's was empty)
 
@@ -417,8 +425,7 @@ def test_vacuum_deletes_files_removed_longer_ago_than_the_retention_it_is_given(
 
 def test_compact_resumes_after_a_crash_after_recording_since(history):
     tables, remap, updates = history
-    empty = tables._frame("remap", tables.schemas["remap"].empty_table())
-    tables._append("remap", empty, SINCE_APP, 25)  # step 1 only
+    storage.commits.commit_added(tables.table("remap"), [], SINCE_APP, 25)  # step 1 only
     assert tables.read_remap() == remap.compact(25)  # readers already see the compacted remap
     tables.compact(25, retention_hours=0)  # vacuum at once: the replaced files go
     assert tables.read_remap() == remap.compact(25)
@@ -464,13 +471,13 @@ def test_many_ticks_keep_the_remap_table_small(tables, monkeypatch):
     assert tables.read_remap() == remaps[-1]
 
 
-# --- 5. deltalake, the light reader, reads what delta-spark wrote --------------------------------
+# --- 5. delta-spark and deltalake read what delta-rs wrote ------------------------------------------
 
 
 @pytest.mark.slow
-def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
-    """Appends with app transactions, a compaction (overwrites, OPTIMIZE, VACUUM), a replaceWhere repair
-    and Spark's checkpoints: deltalake sees the rows Spark sees and the app-transaction versions written."""
+def test_delta_spark_and_deltalake_read_the_same_tables(spark, history):
+    """Appends with app transactions, a compaction (rewrites, OPTIMIZE, VACUUM), a backfill repair and checkpoints
+    (every other version here): delta-spark and deltalake see the same rows, versions and app transactions."""
     tables, remap, updates = history
     for kind in KINDS:  # checkpoint every other commit, so the reader meets Spark's checkpoints too
         spark.sql(f"ALTER TABLE delta.`{tables.spark_uri(kind)}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
@@ -478,7 +485,7 @@ def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
     at_40 = [r for r in tables.read_reclocked_arrow().to_pylist() if r["into_time"] == 40]
     repaired = [{**r, "value": r["value"] + "*"} for r in at_40[1:]]  # one row fewer, the others changed
     replaced_at = tables.version("reclocked")
-    assert tables.replace_reclocked(reclocked_frame(spark, tables, repaired), "into_time = 40") == len(repaired)
+    assert tables.replace_reclocked(reclocked_frame(spark, tables, repaired), 40, 40) == len(repaired)
 
     from delta.tables import DeltaTable as SparkDeltaTable
 
@@ -503,7 +510,7 @@ def test_deltalake_reads_the_tables_delta_spark_wrote(spark, history):
     assert tables.read_remap() == remap.compact(25)
 
 
-# --- compare-and-append: racing writers (issue 11) ---------------------------------------------
+# --- racing writers (issue 11, issue 37) -------------------------------------------------------
 
 
 def test_append_binding_refuses_when_another_tick_stored_increments(tables):
@@ -523,8 +530,7 @@ def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, m
     (after it read remap) makes Delta refuse it: it writes nothing."""
     base = store(tables, ticks(Remap(), (5, {0: 3})))
     files, upstream = tables.snapshot_files("remap"), Frontier.of({0: 3 + moved})
-    for writer in ("append", "compare_and_append"):  # delta-spark's commits
-        monkeypatch.setattr(storage.commits, writer, lambda *args, **kw: pytest.fail("a tick ran Spark"))
+    monkeypatch.setattr(tables, "_spark", lambda: pytest.fail("a tick ran Spark"))
     first, second = (base.mint(t, upstream) for t in (7, 8))
     remap_rows = tables._remap_rows
 
@@ -546,59 +552,44 @@ def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, m
     assert DeltaTable(tables.table_uri("remap")).transaction_version(REMAP_APP) == 9
 
 
-def test_compare_and_append_checks_inside_the_delta_transaction(tables):
-    """The check runs when the write's job runs: a frame built before another writer committed still fails."""
-    base = store(tables, ticks(Remap(), (5, {0: 3})))
-    late = base.mint(9, Frontier.of({0: 6}))
-    rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:]))
-    uri, names = tables.table_uri("remap"), tables.schemas["remap"].names
-    racer = base.mint(7, Frontier.of({0: 5}))
-    assert tables.append_binding(base, racer)  # lands after the frame was built, before its write
-    with pytest.raises(storage.ConcurrentWriteError):
-        storage.compare_and_append(rows, uri, names, REMAP_APP, late.upper - 1, read_max_into_time=5)
-    assert tables.read_remap() == racer
+@pytest.mark.parametrize("racer", ["publish", "covered-rows", "rewrite"])
+def test_a_rewrite_goes_on_over_commits_outside_it_and_loses_to_those_inside(history, monkeypatch, racer):
+    """A compaction's rewrite of reclocked whose version another commit took meanwhile: over a commit that added
+    no row it covers (a publish) it commits at the next version; a commit that added covered rows, or removed a
+    file it read (another rewrite), refuses it: ConcurrentWriteError, nothing rewritten, its files deleted."""
+    tables, _, updates = history
+    replace = storage.commits.replace_files
+    racing_row = {"value": "late", "partition": 0, "offset": 99, "into_time": 40 if racer == "publish" else 20,
+                  "diff": 1}
 
+    def racing(dt, *args, **kw):  # another writer commits between the rewrite's read and its commit
+        monkeypatch.setattr(storage.commits, "replace_files", replace)
+        if racer == "rewrite":
+            tables.replace_reclocked(reclocked_frame(tables.spark, tables, []), 19, 20)
+        else:
+            assert storage.append_rows(tables.table("reclocked"), pa.Table.from_pylist(
+                [racing_row], schema=tables.schemas["reclocked"]), "test.racer", 1)
+        return replace(dt, *args, **kw)
 
-@pytest.mark.parametrize("before", [None, "true"])
-def test_a_guarded_commit_leaves_the_sessions_conf_as_it_was(tables, spark, before):
-    """The guard scans instead of Delta's metadata-only answer for this commit only: the session's own setting
-    (unset, or set by its user) is back once the commit is done."""
-    key = "spark.databricks.delta.optimizeMetadataQuery.enabled"
-    spark.conf.unset(key) if before is None else spark.conf.set(key, before)
-    try:
-        base = store(tables, ticks(Remap(), (5, {0: 3})))
-        late = base.mint(8, Frontier.of({0: 6}))
-        rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:]))
-        storage.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names, REMAP_APP,
-                                     late.upper - 1, read_max_into_time=5)
-        assert tables.read_remap() == late and spark.conf.get(key, None) == before
-    finally:
-        spark.conf.unset(key)
-
-
-def test_compare_and_append_refuses_a_commit_landing_while_its_job_runs(tables, spark):
-    """A commit carrying the same app transaction that lands while the job runs: Delta refuses the loser."""
-    import threading
-    import time
-
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType
-
-    base = store(tables, ticks(Remap(), (5, {0: 3})))
-    racer = base.mint(7, Frontier.of({0: 5}))
-    slow = F.udf(lambda x: time.sleep(4) or x, LongType())  # holds the job open while the racer commits
-    late = base.mint(9, Frontier.of({0: 6}))
-    rows = tables._frame("remap", tables._remap_rows(late.increments()[-1:])).withColumn("increment",
-                                                                                        slow("increment"))
-    racing = threading.Thread(target=lambda: (time.sleep(1.5), tables.append_binding(base, racer)))
-    racing.start()
-    try:
-        with pytest.raises(storage.ConcurrentWriteError):
-            storage.compare_and_append(rows, tables.table_uri("remap"), tables.schemas["remap"].names,
-                                         REMAP_APP, late.upper - 1, read_max_into_time=5)
-    finally:
-        racing.join()
-    assert tables.read_remap() == racer
+    monkeypatch.setattr(storage.commits, "replace_files", racing)
+    before = tables.version("reclocked")
+    if racer == "publish":
+        assert tables._consolidate_reclocked(25)
+        assert tables.version("reclocked") == before + 2
+        after = [tuple(r.values()) for r in tables.read_reclocked_arrow().to_pylist()]
+        expected = compact_updates(updates, 25)
+        expected[tuple(racing_row.values())[:4]] += 1
+        assert Counter({r[:4]: r[4] for r in after}) == expected
+    else:
+        raced = tables.read_reclocked_arrow()
+        with pytest.raises(storage.ConcurrentWriteError, match="another writer committed while compaction"):
+            tables._consolidate_reclocked(25)
+        assert tables.version("reclocked") == before + 1  # the racer's commit alone
+        assert rows_of(tables.read_reclocked_arrow()) != rows_of(raced)  # the racer's rows, not rewritten
+    rewritten = Path(tables.table_uri("reclocked")) / "rewritten"
+    committed = {unquote(p) for p in DeltaTable(tables.table_uri("reclocked")).file_uris()}
+    left = {str(p) for p in rewritten.rglob("*") if p.is_file() and p.suffix != ".crc"} if rewritten.exists() else set()
+    assert left <= committed  # a refused rewrite's files are gone, a committed one's are the table's
 
 
 def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
@@ -639,12 +630,12 @@ def test_the_remap_check_catches_corruption_injected_into_the_table(tables, corr
     assert tables.recorded_upstreams() == {5: Frontier.of({0: 3}), 8: Frontier.of({0: 6, 1: 2})}
     if corruption == "double-increment":  # a racing tick's rows stored a second time, as a blind append would
         rows = tables._remap_rows(remaps[2].increments()[-2:])
-        tables._append("remap", tables._frame("remap", rows), REMAP_APP, 9)
+        storage.append_rows(tables.table("remap"), rows, REMAP_APP, 9)
     elif corruption == "beyond-upstream":  # a tick bound more than the upstream had
         after = remaps[2].mint(12, Frontier.of({0: 9, 1: 2}))
         assert tables.append_binding(remaps[2], after, upstream=Frontier.of({0: 7, 1: 2}))
     else:  # a binding earlier than the compaction frontier
-        tables._append("remap", tables._frame("remap", tables._remap_rows([Increment(1, 2, 1)])), REMAP_APP, 9)
+        storage.append_rows(tables.table("remap"), tables._remap_rows([Increment(1, 2, 1)]), REMAP_APP, 9)
     report = check_remap(tables.remap_frame(), since=4 if corruption == "before-since" else 0,
                          upstreams=tables.recorded_upstreams())
     assert report.failed == failing, report.summary()

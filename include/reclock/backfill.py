@@ -84,10 +84,10 @@ class Window:
         return f"{self.name}: IntoTimes [{self.start}, {self.end}]"
 
     @property
-    def predicate(self) -> str:
-        """The published rows of the window (at ``since``: also rows a compaction has yet to move there)."""
-        low = f"into_time >= {self.start} AND " if self.start > self.since else ""
-        return f"{low}into_time <= {self.end}"
+    def bounds(self) -> tuple[int | None, int]:
+        """The published rows of the window, ``low <= into_time <= high`` (``low`` None: no lower bound; at
+        ``since``: also rows a compaction has yet to move there)."""
+        return (self.start if self.start > self.since else None), self.end
 
 
 def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
@@ -237,7 +237,7 @@ def replay(name: str, runtime: Where, start: int, end: int, spark=None, mode: st
             report["repaired"] = False
             if published_digest != replay_digest and mode == "repair":
                 _pin(ctx, window.since, window.label)  # no compaction since the plan (see the module doc)
-                written = ctx.tables.replace_reclocked(replayed, window.predicate)
+                written = ctx.tables.replace_reclocked(replayed, *window.bounds)
                 log.warning("%s: repaired the published rows (%d rows written)", window.label, written)
                 version, upper = _pin(ctx, window.since, window.label)  # the repaired snapshot
                 window = dataclasses.replace(window, version=version, published_upper=upper)

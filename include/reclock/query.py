@@ -139,8 +139,6 @@ def publish_as_of(target: str, sql: str, names: list[str], runtime: Where = None
     idempotent), those of other times are kept.  ``{"as_of": None}`` when no IntoTime is readable in all."""
     from pyspark.sql import functions as F
 
-    from .storage import is_delta_table
-
     runtime = Runtime.of(runtime, spark)
     if target in runtime.config.sources:
         raise QueryError(f"{target} is a source: the AS OF result needs another name")
@@ -150,12 +148,8 @@ def publish_as_of(target: str, sql: str, names: list[str], runtime: Where = None
     t = upper - 1
     spark = runtime.spark(f"reclock-as-of-{target}")
     rows = query_as_of(spark, sql, t, names, runtime).withColumn(AS_OF_COLUMN, F.lit(t).cast("long"))
-    uri = runtime.warehouse.spark_uri(target)
-    writer = rows.write.format("delta")
-    if is_delta_table(spark, uri):
-        writer = writer.mode("overwrite").option("replaceWhere", f"{AS_OF_COLUMN} = {t}")
-    writer.save(uri)
-    count = spark.read.format("delta").load(uri).where(F.col(AS_OF_COLUMN) == t).count()
+    runtime.warehouse.replace_rows(target, rows, AS_OF_COLUMN, t)
+    count = spark.read.format("delta").load(runtime.warehouse.spark_uri(target)).where(F.col(AS_OF_COLUMN) == t).count()
     return {"target": target, "as_of": t, "rows": count, "sources": names}
 
 

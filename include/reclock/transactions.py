@@ -50,8 +50,8 @@ from .engine.transactions import (
 )
 from .runtime import Runtime, Where
 from .storage import (
-    RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, append, app_version, arrow_schema,
-    create_table, read_rows, same_columns, schema_diff, spark_frame,
+    RECLOCKED_APP, TXN_OUTPUT_APP, TXN_TEMP_APP, Warehouse, WarehouseError, append_rows, app_version, arrow_schema,
+    create_table, read_rows, same_columns, schema_diff,
 )
 
 log = logging.getLogger("reclock")
@@ -150,7 +150,8 @@ def _at(row: dict) -> str:
 
 
 class TxnTables:
-    """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables (written by Spark, read with deltalake)."""
+    """The ``<name>_txn_output`` and ``<name>_txn_temp`` Delta tables (written and read with deltalake; ``spark``
+    given: a step that writes, which creates what is missing)."""
 
     def __init__(self, warehouse: Warehouse, name: str, partition_type: pa.DataType, data_schema: pa.Schema,
                  spark=None):
@@ -222,9 +223,7 @@ class TxnTables:
                 for p in published for e in p.events]
 
     def append(self, kind: str, rows: list[dict], app_id: str, version: int) -> None:
-        table = pa.Table.from_pylist(rows, schema=self.schemas[kind])
-        append(spark_frame(self.spark, table, self.schemas[kind]), self.uris[kind], self.schemas[kind].names,
-               app_id, version)
+        append_rows(self.table(kind), pa.Table.from_pylist(rows, schema=self.schemas[kind]), app_id, version)
 
 
 # --- the step ---------------------------------------------------------------------------------------

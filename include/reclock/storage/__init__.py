@@ -32,9 +32,15 @@ landing                     landing      delta-rs (files by    as a tick's, with
 ``since``                   remap        delta-rs              as a tick's, with ``reclock.since`` (only grows)
 compaction of remap         remap        delta-rs (pyarrow,    never retried: any commit since the read refuses it;
                                          ``predicate``)        rows keep their sums, the next compaction finishes
-compaction of reclocked     reclocked    delta-spark           Delta refuses a ``replaceWhere`` that a racing
-                                         (``replaceWhere``)    commit added rows under; as above
-backfill repair             reclocked    delta-spark           as a compaction rewrite
+compaction of reclocked     reclocked    delta-rs (files by    removes the files holding rows at or before
+                                         Spark)                ``since``, adds their rows rewritten; goes on over
+                                                               a racing commit only if the files holding such
+                                                               rows are still the ones it read
+backfill repair             reclocked    delta-rs (files by    as a compaction rewrite, of the window's rows
+                                         Spark)
+transactions step           txn tables   delta-rs (pyarrow)    as a tick's, with ``reclock.txn_output``/``_temp``
+AS OF result at ``t``       its target   delta-rs (files by    as a compaction rewrite, of the rows ``as_of = t``
+                                         Spark)                (:meth:`Warehouse.replace_rows`)
 OPTIMIZE                    each         delta-rs              changes no row; a commit that removed one of its
                                                                files refuses it
 VACUUM                      each         delta-rs (full)       deletes only files no version within the retention
@@ -45,14 +51,15 @@ A write whose app version is not above the stored one commits nothing, so a step
 nothing twice; a conflict is :class:`ConcurrentWriteError` naming the table and what was not written.  A table
 another Delta writer changed beyond what reclock reads and writes is refused when opened
 (:mod:`reclock.storage.table_protocol`).  Each commit is observed as :mod:`reclock.points`'s commit of its name (the
-crash points of the fault tests).  delta-rs claims a version with put-if-absent on a local disk and on S3;
-delta-spark's default S3 log store keeps racing commits apart only within one Spark driver, which leaves the two
-rewrites of the reclocked table it still makes (compaction, a backfill repair; docs/limitations.md).
+crash points of the fault tests).  Every commit is delta-rs's, which claims a version with put-if-absent on a local
+disk and on S3 (atomic across processes and machines) and alone writes checkpoints; Spark only writes data files
+before a commit (a crash in between leaves them to VACUUM).
 
 **The modules.**  :mod:`~reclock.storage.layout` (where things lie, schemas, errors), :mod:`~.commits` (every
 commit), :mod:`~.files` (Parquet footers and Delta statistics, no JVM), :mod:`~.tables` (opening, creating,
 reading, the tick), :mod:`~.upstream`, :mod:`~.landing`, :mod:`~.staging` (staged batches and their publish),
-:mod:`~.compaction`, :mod:`~.side_files` (JSON documents beside the tables), :mod:`~.frames` (Spark frames of Arrow
+:mod:`~.compaction`, :mod:`~.rewrites` (rows in a range of a column replaced: Spark writes, delta-rs commits),
+:mod:`~.side_files` (JSON documents beside the tables), :mod:`~.frames` (Spark frames of Arrow
 rows).  Reads that need no JVM use delta-rs (versions, app transactions, remap, file statistics); everything else
 reads through Spark, AS OF reads at a pinned table version (``versionAsOf``).
 """
@@ -63,13 +70,15 @@ import os
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
 
 from .. import offsets
+from . import rewrites
 from .commits import (DEAD_LETTER_APP, LANDING_APP, RECLOCKED_APP, REMAP_APP, SINCE_APP, TXN_OUTPUT_APP, TXN_TEMP_APP,
-                      append, app_version, compare_and_append, create_table)
+                      append_rows, app_version, create_table)
 from .compaction import VACUUM_RETENTION_HOURS, CompactingTables, vacuum_due
 from .files import STATS_STRING_CHARS, read_rows
-from .frames import is_delta_table, spark_frame
+from .frames import spark_frame
 from .landing import LandingTables
 from .layout import (KINDS, SUCCESS, ConcurrentWriteError, Kind, WarehouseError, arrow_schema, dead_letter_schema,
                      reclocked_schema, remap_schema, same_columns, schema_diff, spark_uri)
@@ -79,8 +88,8 @@ from .upstream import UpstreamRecord, UpstreamTables
 __all__ = [
     "DEAD_LETTER_APP", "KINDS", "LANDING_APP", "RECLOCKED_APP", "REMAP_APP", "SINCE_APP", "STATS_STRING_CHARS",
     "SUCCESS", "TXN_OUTPUT_APP", "TXN_TEMP_APP", "VACUUM_RETENTION_HOURS", "ConcurrentWriteError", "Kind",
-    "SourceTables", "UpstreamRecord", "Warehouse", "WarehouseError", "append", "app_version", "arrow_schema",
-    "compare_and_append", "create_table", "dead_letter_schema", "is_delta_table", "read_rows", "reclocked_schema",
+    "SourceTables", "UpstreamRecord", "Warehouse", "WarehouseError", "append_rows", "app_version", "arrow_schema",
+    "create_table", "dead_letter_schema", "read_rows", "reclocked_schema",
     "remap_schema", "same_columns", "schema_diff", "spark_frame", "vacuum_due",
 ]
 
@@ -115,6 +124,28 @@ class Warehouse:
         else:
             tables.check_schemas()
         return tables
+
+    def replace_rows(self, name: str, df, column: str, value: int) -> None:
+        """Replace the rows of the Delta table ``<root>/<name>`` whose integer ``column`` is ``value`` by the Spark
+        DataFrame ``df``'s (each must have that value: the job fails otherwise), the others kept, in one delta-rs
+        commit (:func:`reclock.storage.rewrites.rewrite`); the table is created with ``df``'s columns when missing
+        (:class:`WarehouseError` when it exists with others).  A racing writer of the same rows:
+        :class:`ConcurrentWriteError`, nothing replaced."""
+        from pyarrow.fs import PyFileSystem
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        uri, schema = f"{self.root}/{name}", to_arrow_schema(df.schema)
+        if not DeltaTable.is_deltatable(uri, self.storage_options):
+            create_table(uri, schema, name, self.storage_options)
+        dt = DeltaTable(uri, storage_options=self.storage_options)
+        if not same_columns(arrow_schema(dt), schema):
+            raise WarehouseError(f"{uri} exists with other columns than {name}'s rows: "
+                                 f"{schema_diff(schema, arrow_schema(dt))}")
+        rows = rewrites.checked(df, column, value, value, uri)
+        rewrites.rewrite(df.sparkSession, dt, PyFileSystem(DeltaStorageHandler(self.root, self.storage_options)),
+                         name, spark_uri(self.root), df.schema, column, value, value, lambda _: rows, "as-of",
+                         f"{uri}: another writer replaced its rows with {column} = {value} meanwhile; nothing written",
+                         {"operation": f"reclock replace {column} = {value}"})
 
     def txn_table_uri(self, name: str, kind: str) -> str:
         """Where the ``output`` or ``temp`` table of transactions step ``name`` lives."""

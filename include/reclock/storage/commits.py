@@ -1,15 +1,15 @@
-"""Every Delta commit reclock makes, by either writer: the mechanisms of the commit protocol that
-:mod:`reclock.storage` states (which commit, its writer, its app transaction, why racing writers cannot both win).
+"""Every Delta commit reclock makes: the mechanisms of the commit protocol that :mod:`reclock.storage` states (which
+commit, its app transaction, why racing writers cannot both win).
 
-delta-rs (no JVM): :func:`create_table`, :func:`commit_added` (files already written, by Spark or pyarrow, or
-written inside the commit's crash points), :func:`set_properties`, :func:`overwrite_rows_where` (rows in Arrow),
-:func:`optimize`, :func:`vacuum`.  delta-spark (the DataFrame API of a Spark session, not its Python
-``DeltaTable``, which needs Delta's plugin on a Spark Connect server): :func:`overwrite_where` (a rewrite computed in
-Spark: compaction of the reclocked table, a backfill repair); :func:`append` and :func:`compare_and_append` (no product
-commit uses it any more: the next change removes it with its tests) remain, :func:`append` for the transactions
-step's tables.  Each is observed as
-:mod:`reclock.points`'s commit ``tick``, ``publish``, ``compact``, ``compact-remap``, ``compact-reclocked`` or its
-app transaction's name; a Delta conflict (another writer committed first, nothing committed here) is raised as
+Every one is a delta-rs commit (no JVM; Spark, where it takes part, only writes Parquet files before it), so every
+version of every table is claimed the one way delta-rs claims it: put-if-absent, a rename that does not replace on
+a local disk, a conditional write (``If-None-Match``) on S3, atomic across processes and machines; checkpoints
+are written by delta-rs alone.  :func:`create_table`, :func:`commit_added` (files already written, by Spark or
+pyarrow, or written inside the commit's crash points), :func:`append_rows` (rows in Arrow), :func:`set_properties`,
+:func:`overwrite_rows_where` (rows in Arrow), :func:`replace_files` (a rewrite Spark computed and wrote),
+:func:`optimize`, :func:`vacuum`.  Each is observed as :mod:`reclock.points`'s commit ``tick``, ``publish``,
+``compact``, ``compact-remap``, ``compact-reclocked``, ``backfill-repair`` or its app transaction's name; a Delta
+conflict (another writer committed first, nothing committed here) is raised as
 :class:`~reclock.storage.layout.ConcurrentWriteError` naming the table and what was not written.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 
 from .. import points
 from ..clock import now_ms
-from .layout import ConcurrentWriteError, spark_uri
+from .layout import ConcurrentWriteError
 
 REMAP_APP, SINCE_APP, RECLOCKED_APP = "reclock.remap", "reclock.since", "reclock.reclocked"
 LANDING_APP = "reclock.landing"  # version = number of landings
@@ -31,9 +31,6 @@ DEAD_LETTER_APP = "reclock.dead_letter"  # version = the last published IntoTime
 TXN_OUTPUT_APP, TXN_TEMP_APP = "reclock.txn_output", "reclock.txn_temp"
 
 _POINTS = {REMAP_APP: "tick", RECLOCKED_APP: "publish", SINCE_APP: "compact"}  # their names in reclock.points
-_MOVED = "reclock: the table moved since it was read"
-_CONCURRENT = ("ConcurrentTransaction", "ConcurrentAppend", "ConcurrentDeleteRead", "ConcurrentDeleteDelete",
-               "ConcurrentWrite", "MetadataChanged", "ProtocolChanged")  # Delta's conflicts: <kind>Exception
 _DELTA_RS_CONFLICTS = ("Concurrent", "changed since last commit")  # delta-rs's conflicts (CommitFailedError)
 
 
@@ -79,21 +76,15 @@ def commit_added(dt: DeltaTable, added, app_id: str, version: int, metadata: dic
     with an append.
     """
     from deltalake import CommitProperties, Transaction
-    from deltalake.exceptions import CommitFailedError
 
     uri = dt.table_uri
     with points.commit(_POINTS.get(app_id, app_id), uri):
         if callable(added):
             added = added()
-        try:
+        with _app_conflicts(uri, app_id, version):
             dt.create_write_transaction(added, "append", dt.schema(), commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id, version, now_ms())],
                 custom_metadata=None if metadata is None else {"userMetadata": json.dumps(metadata, sort_keys=True)}))
-        except CommitFailedError as e:
-            if not any(conflict in str(e) for conflict in _DELTA_RS_CONFLICTS):
-                raise
-            raise ConcurrentWriteError(f"{uri}: another writer committed {app_id} since this step read the table "
-                                       f"(committing {app_id} = {version}); nothing written") from None
 
 
 def set_properties(dt: DeltaTable, values: dict[str, str], what: str) -> None:
@@ -109,60 +100,6 @@ def set_properties(dt: DeltaTable, values: dict[str, str], what: str) -> None:
     except CommitFailedError as e:
         raise ConcurrentWriteError(f"{dt.table_uri}: another writer committed while {what} was written "
                                    f"({str(e).splitlines()[0]}); nothing recorded") from None
-
-
-# --- delta-spark ------------------------------------------------------------------------------------------------
-
-
-def append(df, uri: str, columns: list[str], app_id: str, version: int, metadata: dict | None = None) -> None:
-    """Append Spark DataFrame ``df`` (possibly empty) to the Delta table at ``uri`` in one commit carrying
-    the app transaction ``app_id`` = ``version`` (and ``metadata`` as the commit's ``userMetadata``);
-    Delta skips it when the stored version is already ``>= version``."""
-    writer = (df.select(*columns).write.format("delta").mode("append")
-              .option("txnAppId", app_id).option("txnVersion", str(version)))
-    if metadata is not None:
-        writer = writer.option("userMetadata", json.dumps(metadata, sort_keys=True))
-    with conflicts_as(f"{uri}: another writer committed since this step read the table (committing "
-                      f"{app_id} = {version}); nothing written"), points.commit(_POINTS.get(app_id, app_id), uri):
-        writer.save(spark_uri(uri))
-
-
-def compare_and_append(df, uri: str, columns: list[str], app_id: str, version: int,
-                       read_max_into_time: int | None, metadata: dict | None = None) -> None:
-    """:func:`append`, only if no writer added rows since the caller read the table.
-
-    ``read_max_into_time`` is the table's ``max(into_time)`` in the snapshot the caller read (None: no rows).
-    Two parts make it hold at the storage level, whoever else writes:
-
-    * the check runs inside the write's Delta transaction (the appended frame computes it from the table's
-      latest snapshot when the job runs, after the transaction began), and fails the job when a commit
-      with rows landed before;
-    * the transaction reads ``app_id``'s version, so Delta refuses the commit when another commit carrying
-      ``app_id`` lands while the job runs (``ConcurrentTransactionException``).
-
-    Either way :class:`ConcurrentWriteError` is raised and nothing is committed.  A commit without rows
-    (an idle tick) may land in between: it added nothing, so appending after it counts nothing twice.
-
-    The check's ``max(into_time)`` scans the table's (small) files: Delta's metadata-only answer from the files'
-    statistics reconstructs the table's state twice more, six Spark jobs against three (ten per such commit
-    against seven, counted with Spark's status tracker), for the same value.
-    """
-    with sql_conf(df.sparkSession, "spark.databricks.delta.optimizeMetadataQuery.enabled", "false"):
-        append(_guarded(df, uri, read_max_into_time), uri, columns, app_id, version, metadata)
-
-
-def overwrite_where(df, uri: str, columns: list[str], predicate: str, point: str, raced: str,
-                    files: int | None = None) -> None:
-    """Replace the rows of the Delta table at ``uri`` matching ``predicate`` by ``df``'s (every one must match it)
-    in one commit without an app transaction (Delta ``replaceWhere``), written as ``files`` files when given;
-    observed as commit ``point``.  A racing commit Delta's conflict check refuses it for: :class:`ConcurrentWriteError`
-    saying ``raced``, nothing rewritten."""
-    df = df.select(*columns)
-    if files is not None:
-        df = df.coalesce(files)
-    with conflicts_as(raced), points.commit(point, uri):
-        (df.write.format("delta").mode("overwrite").option("replaceWhere", predicate)
-         .save(spark_uri(uri)))
 
 
 def optimize(dt: DeltaTable, min_file_bytes: int) -> None:
@@ -186,17 +123,79 @@ def vacuum(dt: DeltaTable, retention_hours: float) -> None:
                   full=True)
 
 
-def overwrite_rows_where(uri: str, rows, predicate: str, point: str, raced: str,
-                         storage_options: dict | None = None) -> None:
-    """Replace the rows of the Delta table at ``uri`` matching ``predicate`` by Arrow ``rows`` (every one must
-    match it) in one delta-rs commit without an app transaction, never retried: any commit since it read the
-    table refuses it (:class:`ConcurrentWriteError` saying ``raced``, nothing rewritten); observed as commit
-    ``point``."""
+def append_rows(dt: DeltaTable, rows, app_id: str, version: int) -> bool:
+    """Append Arrow ``rows`` (possibly none: the app transaction alone) to the table ``dt`` was read at, in one
+    delta-rs commit carrying the app transaction ``app_id`` = ``version``; False and nothing written when the
+    stored version is already ``>= version``.  As :func:`commit_added`, a commit carrying ``app_id`` that landed
+    since ``dt``'s version refuses it (:class:`ConcurrentWriteError`, nothing written)."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    if app_version(dt, app_id, -1) >= version:
+        return False
+    uri = dt.table_uri
+    with points.commit(_POINTS.get(app_id, app_id), uri), _app_conflicts(uri, app_id, version):
+        write_deltalake(dt, rows, mode="append", commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id, version, now_ms())]))
+    return True
+
+
+def overwrite_rows_where(dt: DeltaTable, rows, predicate: str, point: str, raced: str) -> None:
+    """Replace the rows matching ``predicate`` of the table ``dt`` was read at (and the caller read them at) by
+    Arrow ``rows`` (every one must match it) in one delta-rs commit without an app transaction, never retried: any
+    commit since ``dt``'s version refuses it (:class:`ConcurrentWriteError` saying ``raced``, nothing rewritten);
+    observed as commit ``point``."""
     from deltalake import CommitProperties, write_deltalake
 
-    with _delta_rs_conflicts(raced), points.commit(point, uri):
-        write_deltalake(uri, rows, mode="overwrite", predicate=predicate, storage_options=storage_options,
+    with _delta_rs_conflicts(raced), points.commit(point, dt.table_uri):
+        write_deltalake(dt, rows, mode="overwrite", predicate=predicate,
                         commit_properties=CommitProperties(max_commit_retries=0))
+
+
+#: How many times :func:`replace_files` commits again after racing commits that left what it replaces alone.
+REPLACE_ATTEMPTS = 10
+
+
+def replace_files(dt: DeltaTable, removed: list[tuple[str, int]], added, covered, point: str, raced: str,
+                  metadata: dict | None = None) -> None:
+    """Replace files ``removed`` (``(path, size)`` of the table ``dt`` was read at: the files holding the rows a
+    rewrite covers) by ``added`` (add actions of files written already, by Spark) in one delta-rs commit of
+    ``remove`` and ``add`` actions without an app transaction; observed as commit ``point``.
+
+    The version is claimed with put-if-absent and never taken over another writer's: when a commit landed since
+    the snapshot, the latest snapshot is read and the commit tried again on it only if ``covered(latest)`` (the
+    paths of the files holding rows the rewrite covers, by their statistics) is still exactly ``removed``'s and
+    the table's schema, protocol and properties are the same: a racing publish or tick (rows outside what is
+    rewritten) lets the rewrite through; a racing rewrite, OPTIMIZE or commit adding covered rows refuses it
+    (:class:`ConcurrentWriteError` saying ``raced``, nothing rewritten), as do :data:`REPLACE_ATTEMPTS` lost
+    claims in a row."""
+    from deltalake import CommitProperties
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import RemoveAction
+
+    uri, paths = dt.table_uri, {path for path, _ in removed}
+    shape = _shape(dt)
+    properties = CommitProperties(max_commit_retries=0, custom_metadata=None if metadata is None else {
+        "userMetadata": json.dumps(metadata, sort_keys=True)})
+    with points.commit(point, uri):
+        stamp = now_ms()
+        actions = [RemoveAction(path, True, stamp, size, {}) for path, size in removed] + list(added)
+        for _ in range(REPLACE_ATTEMPTS):
+            try:
+                dt.create_write_transaction(actions, "append", dt.schema(), commit_properties=properties)
+                return
+            except CommitFailedError:
+                read = dt.version()
+                dt.update_incremental()  # was the version taken? may this rewrite go on over what landed?
+                if dt.version() == read:
+                    raise
+            if _shape(dt) != shape or set(covered(dt)) != paths:
+                break
+        raise ConcurrentWriteError(raced)
+
+
+def _shape(dt: DeltaTable) -> tuple:
+    """What a rewrite's files depend on besides the rows: the table's schema, protocol and properties."""
+    return dt.schema().to_json(), tuple(dt.protocol()), tuple(sorted(dt.metadata().configuration.items()))
 
 
 @contextmanager
@@ -211,41 +210,14 @@ def _delta_rs_conflicts(message: str):
 
 
 @contextmanager
-def conflicts_as(message: str):
-    """Raise :class:`ConcurrentWriteError` with ``message`` for a Delta conflict inside the block."""
+def _app_conflicts(uri: str, app_id: str, version: int):
+    """Raise :class:`ConcurrentWriteError` for a commit carrying ``app_id`` that Delta's conflict check refused."""
+    from deltalake.exceptions import CommitFailedError
+
     try:
         yield
-    except Exception as e:
-        if concurrent(e):
-            raise ConcurrentWriteError(message) from None
-        raise
-
-
-def concurrent(error: Exception) -> bool:
-    """Whether a Spark/Delta error says another writer committed first (nothing was committed here).
-
-    PySpark raises Delta's conflicts as ``delta.exceptions`` classes whose message lacks the class name,
-    or as a Py4J error whose message has the Java class name: both are looked at."""
-    text = f"{type(error).__name__}: {error}"
-    return _MOVED in text or any(f"{kind}Exception" in text for kind in _CONCURRENT)
-
-
-@contextmanager
-def sql_conf(spark, key: str, value: str):
-    """Set a Spark SQL conf for the duration of a block."""
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        spark.conf.unset(key) if before is None else spark.conf.set(key, before)
-
-
-def _guarded(df, uri: str, read_max_into_time: int | None):
-    """``df``, failing when its job runs if the table's ``max(into_time)`` is no longer ``read_max_into_time``."""
-    from pyspark.sql import functions as F
-
-    now = df.sparkSession.read.format("delta").load(spark_uri(uri)).agg(F.max("into_time").alias("m"))
-    same = F.col("m").eqNullSafe(F.lit(read_max_into_time).cast("long"))
-    ok = now.select(F.when(same, F.lit(True)).otherwise(F.raise_error(F.lit(_MOVED))).alias("_unchanged"))
-    return df.crossJoin(ok).where("_unchanged").drop("_unchanged")
+    except CommitFailedError as e:
+        if not any(conflict in str(e) for conflict in _DELTA_RS_CONFLICTS):
+            raise
+        raise ConcurrentWriteError(f"{uri}: another writer committed {app_id} since this step read the table "
+                                   f"(committing {app_id} = {version}); nothing written") from None

@@ -1,7 +1,7 @@
 """Compaction of a source's tables to ``since`` (:meth:`CompactingTables.compact`): ``since`` recorded first (app
 ``reclock.since`` on remap, so queries before it are refused from then on), then remap's and reclocked's rows at or
 before ``since`` rewritten as one row per partition (remap) and per record (reclocked) at ``since``, each in one
-``replaceWhere`` overwrite, then small files merged and replaced files vacuumed.  Every step is idempotent: a
+delta-rs commit, then small files merged and replaced files vacuumed.  Every step is idempotent: a
 compaction killed part-way, or one whose rewrite a racing commit made Delta refuse, is finished by the next; a
 query sees the same rows throughout.
 """
@@ -17,10 +17,10 @@ from ..clock import now_ms
 from ..engine import Increment
 from . import commits
 from .commits import SINCE_APP
-from .files import files_with_rows
+from .files import read_rows
 from .layout import KINDS, VACUUMED, Kind, WarehouseError
 from .side_files import write_json
-from .tables import COMPACTED_FILE_BYTES, Tables
+from .tables import Tables
 
 log = logging.getLogger("reclock")
 
@@ -108,7 +108,8 @@ class CompactingTables(Tables):
         Remap is small (one row per partition and tick), and big offsets must sum exactly: the
         rows are folded in Python (:meth:`Remap.compact`) and written back in one delta-rs overwrite, no JVM.
         """
-        old = self._read("remap", filter=pc.field("into_time") <= since)
+        dt = self.table("remap")
+        old = read_rows(dt, self.schemas["remap"], pc.field("into_time") <= since)
         folded: dict = {}
         for partition, amount in zip(old["partition"].to_pylist(), offsets.from_arrow(old["increment"])):
             folded[partition] = folded.get(partition, 0) + amount
@@ -116,13 +117,14 @@ class CompactingTables(Tables):
         if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)
-        uri = self.table_uri("remap")
-        commits.overwrite_rows_where(uri, rows, f"into_time <= {since}", "compact-remap",
-                                     _REWRITE_RACED.format(uri=uri), self.storage_options)
+        commits.overwrite_rows_where(dt, rows, f"into_time <= {since}", "compact-remap",
+                                     _REWRITE_RACED.format(uri=dt.table_uri))
         return True
 
     def _consolidate_reclocked(self, since: int, offsets_unique: bool = False) -> bool:
-        """Rewrite reclocked rows at or before ``since`` as ``sum(diff)`` per record at ``since`` (Spark).
+        """Rewrite reclocked rows at or before ``since`` as ``sum(diff)`` per record at ``since`` (Spark computes
+        and writes the files, delta-rs commits them: :meth:`~reclock.storage.tables.Tables._rewrite`); False if
+        already so.
 
         A record is its data, ``partition`` and ``offset``.  With ``offsets_unique`` (a source with one record
         per offset: its published batches passed the ``reclocked_keys`` check, and bindings cover disjoint
@@ -131,26 +133,15 @@ class CompactingTables(Tables):
         """
         from pyspark.sql import functions as F
 
-        where = F.col("into_time") <= since
-        df = self.read_spark("reclocked").where(where)
-        stats = df.agg(F.count(F.lit(1)).alias("n"), F.min("into_time").alias("lo")).first()
-        if stats["n"] == 0:
-            return False
-        keys = self.data_columns + ["partition", "offset"]
-        summed = df if offsets_unique else df.groupBy(*keys).agg(F.sum("diff").alias("diff"))
-        consolidated = summed.where(F.col("diff") != 0).withColumn("into_time", F.lit(since).cast("long"))
-        if stats["lo"] == since and consolidated.count() == stats["n"]:
-            return False
-        files = max(1, -(-self._bytes_at_or_before("reclocked", since) // COMPACTED_FILE_BYTES))
-        uri = self.table_uri("reclocked")
-        commits.overwrite_where(consolidated, uri, self.schemas["reclocked"].names, f"into_time <= {since}",
-                                "compact-reclocked", _REWRITE_RACED.format(uri=uri), files=files)
-        return True
+        def consolidated(df):
+            stats = df.agg(F.count(F.lit(1)).alias("n"), F.min("into_time").alias("lo")).first()
+            if stats["n"] == 0:
+                return None
+            keys = self.data_columns + ["partition", "offset"]
+            summed = df if offsets_unique else df.groupBy(*keys).agg(F.sum("diff").alias("diff"))
+            rows = summed.where(F.col("diff") != 0).withColumn("into_time", F.lit(since).cast("long"))
+            return None if stats["lo"] == since and rows.count() == stats["n"] else rows
 
-    def _bytes_at_or_before(self, kind: Kind, since: int) -> int:
-        """The bytes of the table's files holding rows at or before ``since`` (all its files with rows where one
-        has no statistics), from the Delta log."""
-        files = files_with_rows(self.table(kind))
-        if "min.into_time" in files.column_names and files["min.into_time"].null_count == 0:
-            files = files.filter(pc.less_equal(files["min.into_time"], since))
-        return pc.sum(files["size_bytes"]).as_py() or 0
+        uri = self.table_uri("reclocked")
+        return self._rewrite("reclocked", None, since, consolidated, "compact-reclocked",
+                             _REWRITE_RACED.format(uri=uri), {"operation": "reclock compaction", "since": since})

@@ -74,6 +74,17 @@ def add_action(info: pafs.FileInfo, stats: dict, kind: Kind):
                      json.dumps(stats))
 
 
+def drop_leftovers(fs: pafs.FileSystem, attempt: str, committed: list[str]) -> None:
+    """Remove what a Spark write's directory ``attempt`` holds besides the ``committed`` files (names; now a
+    table's) and their checksums: ``_SUCCESS``, a staged batch's ``_batch.json`` and dead letters (published), files
+    without rows."""
+    keep = set(committed) | {f".{name}.crc" for name in committed}
+    for info in fs.get_file_info(pafs.FileSelector(attempt)):
+        if info.base_name in keep:
+            continue
+        fs.delete_dir(info.path) if info.type == pafs.FileType.Directory else fs.delete_file(info.path)
+
+
 def read_rows(dt: DeltaTable, schema: pa.Schema, filter: pc.Expression | None = None) -> pa.Table:
     """The rows of snapshot ``dt`` (those matching ``filter``) with ``schema``."""
     return dt.to_pyarrow_dataset().to_table(filter=filter).select(schema.names).cast(schema)
@@ -95,17 +106,3 @@ def max_into_time(dt: DeltaTable | None) -> int | None:
     if "max.into_time" in files.column_names and files["max.into_time"].null_count == 0:
         return pc.max(files["max.into_time"]).as_py()
     return pc.max(dt.to_pyarrow_dataset().to_table(columns=["into_time"])["into_time"]).as_py()
-
-
-def rows_added(dt: DeltaTable, after: int) -> int:
-    """Rows added by the commits after version ``after`` (from the Delta log's operation metrics).
-
-    A ``replaceWhere`` overwrite rewrites the files holding replaced rows: its ``numOutputRows``
-    also counts the other rows of those files, copied over (``numCopiedRows``); they are not added.
-    """
-    added = 0
-    for commit in dt.history():
-        if commit.get("version", -1) > after:
-            metrics = commit.get("operationMetrics") or {}
-            added += int(metrics.get("numOutputRows", 0)) - int(metrics.get("numCopiedRows", 0))
-    return added

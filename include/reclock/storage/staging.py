@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from . import commits
 from .commits import DEAD_LETTER_APP, RECLOCKED_APP, app_version
-from .files import add_action, footer, footer_rows, parquet_files, parquet_stats
+from .files import add_action, drop_leftovers, footer, footer_rows, parquet_files, parquet_stats
 from .layout import (STAGED, STAGED_DEAD_LETTERS, STAGED_METADATA, SUCCESS, Kind, WarehouseError, attempt_dir,
                      same_columns, schema_diff, upto_dir)
 from .side_files import write_json
@@ -183,7 +183,7 @@ class StagingTables(Tables):
                 if other != attempt:
                     fs.delete_dir(other)
             if staged:
-                _drop_staging_leftovers(fs, attempt, [info.base_name for info, _ in staged])
+                drop_leftovers(fs, attempt, [info.base_name for info, _ in staged])
             else:
                 fs.delete_dir(upto_dir(upto))
         except OSError as e:  # e.g. a racing stage writing an attempt of this window meanwhile
@@ -227,12 +227,3 @@ class StagingTables(Tables):
             raise WarehouseError(f"staged file {info.path} has IntoTimes [{lo}, {hi}] outside [{lower}, {upto}]")
         return stats
 
-
-def _drop_staging_leftovers(fs: pafs.FileSystem, attempt: str, committed: list[str]) -> None:
-    """Remove what a published attempt holds besides the ``committed`` files (names; now the table's) and their
-    checksums: ``_SUCCESS``, ``_batch.json``, the dead letters (published), files without rows."""
-    keep = set(committed) | {f".{name}.crc" for name in committed}
-    for info in fs.get_file_info(pafs.FileSelector(attempt)):
-        if info.base_name in keep:
-            continue
-        fs.delete_dir(info.path) if info.type == pafs.FileType.Directory else fs.delete_file(info.path)

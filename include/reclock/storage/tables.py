@@ -19,18 +19,17 @@ from deltalake.fs import DeltaStorageHandler
 from .. import offsets
 from ..engine import Frontier, Remap
 from ..spark.session import spark_schema
-from . import commits
+from . import commits, rewrites
 from .commits import REMAP_APP, RECLOCKED_APP, SINCE_APP, app_version
-from .files import add_action, footer, parquet_files, parquet_stats, read_rows, rows_added
+from .files import add_action, footer, parquet_files, parquet_stats, read_rows
 from .frames import spark_frame
 from .layout import (KINDS, ConcurrentWriteError, Kind, WarehouseError, arrow_schema, dead_letter_schema,
                      reclocked_schema, remap_schema, same_columns, schema_diff, spark_uri)
 from .side_files import read_json
 from .table_protocol import Protocol, protocol_problems
 
-#: Compaction rewrites the rows at or before ``since`` into files of about this size, and its OPTIMIZE merges
-#: only files below ``OPTIMIZE_MIN_FILE_BYTES`` (Delta's default, 1 GiB, would rewrite those files once more).
-COMPACTED_FILE_BYTES = 128 << 20
+#: OPTIMIZE merges only files below this size (Delta's default, 1 GiB, would rewrite the files a compaction's
+#: rewrite wrote, of about :data:`reclock.storage.rewrites.REWRITTEN_FILE_BYTES`, once more).
 OPTIMIZE_MIN_FILE_BYTES = 64 << 20
 #: A table's files below ``OPTIMIZE_MIN_FILE_BYTES`` (a tick or a publish adds one) are merged by Delta OPTIMIZE
 #: once there are more than this many (Delta's own auto compaction waits for 50): reads stay cheap, and a
@@ -139,11 +138,6 @@ class Tables:
     def _frame(self, kind: Kind, rows: pa.Table):
         """A Spark DataFrame of Arrow ``rows`` with the table's schema."""
         return spark_frame(self.spark, rows, self.schemas[kind])
-
-    def _append(self, kind: Kind, df, app_id: str, version: int) -> None:
-        """Append the rows of Spark DataFrame ``df`` (possibly none) in one commit carrying the app transaction
-        (:func:`~reclock.storage.commits.append`: skipped when the stored version of ``app_id`` is ``>= version``)."""
-        commits.append(df, self.table_uri(kind), self.schemas[kind].names, app_id, version)
 
     def _read(self, kind: Kind, version: int | None = None, filter: pc.Expression | None = None) -> pa.Table:
         dt = self._table_or_none(kind) if version is None else self.table(kind, version)
@@ -298,19 +292,26 @@ class Tables:
         """The reclocked snapshot through deltalake (small tables, tests)."""
         return self._read("reclocked", version)
 
-    def replace_reclocked(self, df, predicate: str) -> int:
-        """Replace the reclocked rows matching ``predicate`` (SQL on ``into_time``) by a Spark DataFrame's rows.
+    def replace_reclocked(self, df, low: int | None, high: int) -> int:
+        """Replace the reclocked rows with ``low <= into_time <= high`` (no lower bound when ``low`` is None) by a
+        Spark DataFrame's rows (each must lie there too: the job fails otherwise), in one delta-rs commit
+        (:meth:`_rewrite`) without an app transaction, so ``reclocked_upper`` stays what it was; the number of rows
+        written.  A racing commit it cannot go on over: :class:`ConcurrentWriteError`, nothing replaced."""
+        uri, where = self.table_uri("reclocked"), rewrites.bounds("into_time", low, high)
+        rows = rewrites.checked(df.select(*self.schemas["reclocked"].names), "into_time", low, high, uri)
+        self._rewrite("reclocked", low, high, lambda _: rows, "backfill-repair",
+                      f"{uri}: another writer committed while a backfill replaced {where}; nothing replaced",
+                      {"operation": "reclock backfill repair", "into_time": [low, high]})
+        return rows.count()
 
-        One commit (Delta ``replaceWhere``; every new row must match it). The commit carries no app
-        transaction, so ``reclocked_upper`` stays what it was. Returns the number of rows written.  A racing
-        commit Delta refuses it for: :class:`ConcurrentWriteError`, nothing replaced.
-        """
-        version = self.version("reclocked")
-        uri = self.table_uri("reclocked")
-        commits.overwrite_where(df, uri, self.schemas["reclocked"].names, predicate, "backfill-repair",
-                                f"{uri}: another writer committed while a backfill replaced {predicate}; nothing "
-                                "replaced")
-        return rows_added(self.table("reclocked"), version)
+    def _rewrite(self, kind: Kind, low: int | None, high: int, replace, point: str, raced: str,
+                 metadata: dict) -> bool:
+        """Replace the rows of table ``kind`` with ``low <= into_time <= high`` by ``replace(rows)`` in one
+        delta-rs commit (:func:`reclock.storage.rewrites.rewrite`, which states the law); False when ``replace``
+        returned None (nothing to rewrite).  A racing commit it cannot go on over: :class:`ConcurrentWriteError`
+        saying ``raced``, nothing rewritten."""
+        return rewrites.rewrite(self.spark, self.table(kind), self._fs(), kind, spark_uri(self.uri),
+                                self.spark_schema(kind), "into_time", low, high, replace, point, raced, metadata)
 
     def dead_letter_count(self) -> int | None:
         """Records in the dead-letter table (from the Delta log's file statistics); None when it does not exist."""
