@@ -29,17 +29,39 @@ def test_the_secrets_of_a_sources_options(options, expected):
 
 
 def test_a_remembered_secret_is_masked_in_every_loggers_records(caplog, monkeypatch):
+    """A secret in a record's message, its arguments, and the exception it logs (and the one that caused it),
+    whether a formatter writes the record's exception text (the stdlib's) or renders the exception itself
+    (structlog's, as Airflow's task logs do)."""
+    import io
+
+    import structlog
+
     monkeypatch.setattr(secrets, "_secrets", frozenset())  # not the secrets other tests' sources left (e.g. "reclock")
     secret = f"hunter-{uuid.uuid4().hex[:8]}"
     secrets.remember([secret])
     caplog.set_level(logging.DEBUG)
-    logging.getLogger("py4j.clientserver").debug("Command to send: %s", f"c\no1\noption\ns{secret}\ne\n")
-    logging.getLogger("reclock").info(f"connecting with {secret}")
+    rendered = io.StringIO()
+    handler = logging.StreamHandler(rendered)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=[
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta,  # tracebacks as dicts, as Airflow's: no locals
+        structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+        structlog.processors.JSONRenderer()]))
+    task_log = logging.getLogger("airflow.task")
+    task_log.addHandler(handler)
     try:
-        raise RuntimeError(f"could not connect: password={secret}")
-    except RuntimeError:
-        logging.getLogger("airflow.task").exception("the task failed")
-    assert secret not in caplog.text and caplog.text.count(secrets.MASK) == 3  # the command, the message, the error
+        logging.getLogger("py4j.clientserver").debug("Command to send: %s", f"c\no1\noption\ns{secret}\ne\n")
+        logging.getLogger("reclock").info(f"connecting with {secret}")
+        try:
+            try:
+                raise KeyError(f"password={secret}")
+            except KeyError as e:
+                raise RuntimeError(f"could not connect: password={secret}") from e
+        except RuntimeError:
+            task_log.exception("the task failed")
+    finally:
+        task_log.removeHandler(handler)
+    assert secret not in caplog.text and caplog.text.count(secrets.MASK) == 4  # command, message, error and cause
+    assert secret not in rendered.getvalue() and rendered.getvalue().count(secrets.MASK) == 2  # error and cause
     assert secrets.redact(f"reclock: error: {secret}!") == f"reclock: error: {secrets.MASK}!"
 
 

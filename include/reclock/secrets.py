@@ -7,8 +7,10 @@ once it is a ``dsn``), at any depth of the options.  :func:`remember_options` le
 (:func:`reclock.sources.build_source`: in the driver and in every Spark task), and from then on:
 
 * every log record this process creates has each secret replaced by ``***``, in its message with its arguments
-  and in its exception's text: a log record factory, so it holds for every logger (reclock's; py4j's at DEBUG,
-  which logs each command it sends the JVM, Spark options included; Airflow's) and whatever handler writes it;
+  and in its exception's text (the messages of the exception and its causes are masked in place, for formatters
+  that render it themselves, as structlog's in Airflow's task logs do): a log record factory, so it holds for every
+  logger (reclock's; py4j's at DEBUG, which logs each command it sends the JVM, Spark options included; Airflow's)
+  and whatever handler writes it;
 * :func:`redact` does the same for text written without logging (``reclock: error: ...``).
 
 A value shorter than :data:`MIN_CHARS` is not treated as a secret (masking it would mask every word it occurs in).
@@ -116,8 +118,25 @@ def _scrub(record: logging.LogRecord) -> None:
     if (clean := redact(message)) != message:
         record.msg, record.args = clean, ()
     if record.exc_info and record.exc_info[1] is not None:
+        _scrub_exception(record.exc_info[1])
         text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
         if (clean := redact(text)) != text:
             record.exc_text = clean  # what a Formatter writes for the exception when it is set
     if record.stack_info and (clean := redact(record.stack_info)) != record.stack_info:
         record.stack_info = clean
+
+
+def _scrub_exception(error: BaseException) -> None:
+    """Mask the secrets in the messages (string ``args``) of a logged exception and of those it was raised from or
+    during, in place: formatters that render an exception themselves (structlog's, which Airflow's task logs use)
+    read them, not the record's ``exc_text``."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        args = tuple(redact(a) if isinstance(a, str) else a for a in error.args)
+        if args != error.args:
+            try:
+                error.args = args
+            except (AttributeError, TypeError):  # an exception type whose args cannot be set: exc_text still is
+                pass
+        error = error.__cause__ or error.__context__
