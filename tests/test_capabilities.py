@@ -38,5 +38,8 @@ def test_a_capability_lacking_one_member_is_not_offered():
         def drop_slot(self) -> None:
             pass
 
+        def begin_new_epoch(self, name, bound, start, landed, drop_slot):
+            return None
+
     assert not offers(Half(), Snapshotting) and offers(Whole(), Snapshotting) and offers(Whole, Snapshotting)
     assert not offers(None, PrimaryKeys)  # a kind without a class of its own (source_class: None)

@@ -53,3 +53,20 @@ def test_no_product_file_is_over_500_lines():
                *(REPO / "plugins").rglob("*.py")]
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in product}
     assert len(sizes) > 40 and {p: n for p, n in sizes.items() if n > 500} == {}
+
+
+def pyspark_imports(path: Path) -> list[int]:
+    """The lines of ``path`` that import pyspark or py4j, inside functions too."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if (isinstance(node, ast.Import) and any(a.name.split(".")[0] in ("pyspark", "py4j") for a in node.names))
+            or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("pyspark", "py4j")))
+
+
+def test_source_adapters_import_no_pyspark(tmp_path):
+    """Spark glue lives in reclock/spark/: no module of reclock/sources/ imports pyspark, not even lazily."""
+    offenders = {str(p.relative_to(REPO)): lines for p in (PACKAGE / "sources").glob("*.py")
+                 if (lines := pyspark_imports(p))}
+    assert offenders == {}
+    module = tmp_path / "m.py"
+    module.write_text("import os\ndef f():\n    from pyspark.sql import functions as F\nimport py4j.protocol\n")
+    assert pyspark_imports(module) == [3, 4]

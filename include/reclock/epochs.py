@@ -110,38 +110,28 @@ def new_epoch(name: str, runtime: Where = None, spark=None, drop_slot: bool = Fa
 
 def _new_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: UpstreamRecord,
                         drop_slot: bool) -> dict:
-    """A Postgres source started over from a fresh snapshot (a lost slot, a schema change it cannot follow).
+    """A source that takes snapshots started over from a fresh one (Postgres: a lost slot, a schema change it
+    cannot follow).
 
-    A new slot is created with an exported snapshot at its consistent point ``C`` (after every LSN remap
-    bound: the gauge goes on, no offset base).  Every table's snapshot is landed as partition ``<table>@<C>``
-    with a resync marker at offset 0 (:mod:`reclock.truncate`): staging replaces it by the difference between
-    what the table held AS OF the published history and the snapshot, so the next IntoTime publishes those
-    corrections (retractions and insertions) and every query AS OF an earlier IntoTime is unchanged.  The
-    changes' partition starts at ``C``: the changes before it that were never published are not read one by
-    one (the old slot is gone, or replaced); the gap ``[published, C)`` is recorded, with the snapshot that
-    corrected it.  Then the epoch is recorded with remap (one commit of its properties).
+    The source makes way for it (:meth:`reclock.sources.postgres.PostgresSource.begin_new_epoch`: the old slot
+    dropped, or a snapshot that landed unrecorded recorded). Then a new slot is created with an exported snapshot at
+    its consistent point ``C`` (after every LSN remap bound: the gauge goes on, no offset base). Every table's
+    snapshot is landed as partition ``<table>@<C>`` with a resync marker at offset 0 (:mod:`reclock.truncate`):
+    staging replaces it by the difference between what the table held AS OF the published history and the snapshot,
+    so the next IntoTime publishes those corrections (retractions and insertions) and every query AS OF an earlier
+    IntoTime is unchanged. The changes' partition starts at ``C``: the changes before it that were never published
+    are not read one by one (the old slot is gone, or replaced); the gap ``[published, C)`` is recorded, with the
+    snapshot that corrected it. Then the epoch is recorded with remap (one commit of its properties).
 
-    A slot that still exists is dropped only with ``drop_slot`` (its unpublished changes are replaced by the
-    snapshot), or when remap never bound it (its consistent point lies beyond remap's frontier: a new epoch
-    killed before its snapshot landed).  Killed after the landing, a new epoch run again records it.
+    Killed after the landing, a new epoch run again records it.
     """
     from .spark.source import read_ranges_python
 
     source, where = ctx.upstream, f"{name} ({ctx.upstream!r})"
-    bound, landed = remap.frontier[""], ctx.tables.landed()
-    if source.started():
-        confirmed = source.committed()[""]
-        if any(source.snapshot_lsn(p) == confirmed > record.start[""] for p in landed.partitions):
-            log.warning("%s: the snapshot at %s landed but its epoch was not recorded (a new epoch killed): "
-                        "recording it", where, confirmed)
-            return _record_snapshot_epoch(name, ctx, remap, record, confirmed)
-        if confirmed <= bound and not drop_slot:
-            raise SourceError(f"{where}: no new epoch begun, nothing written: its replication slot still exists. "
-                              "A new epoch replaces it and publishes what the tables hold now as corrections; "
-                              f"changes bound but not published are not read one by one: `reclock new-epoch {name} "
-                              "--drop-slot` to go on")
-        log.warning("%s: dropping replication slot %r (confirmed at %s) for a new epoch", where, source.slot, confirmed)
-        source.drop_slot()
+    bound = remap.frontier[""]
+    if (landed := source.begin_new_epoch(name, bound, record.start[""], ctx.tables.landed().partitions,
+                                         drop_slot)) is not None:
+        return _record_snapshot_epoch(name, ctx, remap, record, landed)
     with source.export_snapshot() as snapshot:
         consistent = snapshot.consistent_lsn
         if consistent < bound:
@@ -155,7 +145,7 @@ def _new_snapshot_epoch(name: str, ctx: SourceContext, remap: Remap, record: Ups
                    for p, data, offset, diff in source.resync_markers(snapshot)]
         rows = rows.unionByName(ctx.spark.createDataFrame(markers, rows.schema))
         log.info("%s: landing the snapshot of a new epoch at %s: %s", where, consistent,
-                 ", ".join(f"{p} ({u >> 16} blocks)" for p, u in uppers.items()))
+                 ", ".join(f"{p} (upper {u})" for p, u in uppers.items()))
         ctx.tables.land(rows, Frontier.of(uppers))
     return _record_snapshot_epoch(name, ctx, remap, record, consistent)
 

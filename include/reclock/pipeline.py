@@ -174,9 +174,10 @@ def _check_table_columns(ctx: SourceContext, batch, before, column: str) -> None
     from pyspark.sql import functions as F
 
     from .pg_types import column_history, schema_changes
+    from .spark.labels import offset_label
 
     where = F.when(F.col("partition") != "", F.concat(F.lit("the initial snapshot "), F.col("partition"))) \
-        .otherwise(ctx.source.spark_offset_label())
+        .otherwise(offset_label(ctx.config.kind))
     added, problems = schema_changes(column_history(batch, before, where, column))
     for table, name, at in added:
         if ctx.source.filled_columns(table, [name]):
@@ -363,6 +364,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
 def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
     """The checks of the staged batch of ``window`` (Spark DataFrames of the staged Parquet files)."""
     from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked
+    from .spark.labels import offset_label
 
     start, upto = window
     batch = ctx.tables.read_staged_spark(upto)
@@ -371,7 +373,7 @@ def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) 
     if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
         results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
     if not ctx.config.offsets_unique:  # records are diffs
-        label = ctx.source.spark_offset_label() if offers(ctx.source, TableColumns) else None
+        label = offset_label(ctx.config.kind)
         published = ctx.tables.read_reclocked_spark()
         results["history"] = check_consolidated(
             published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),

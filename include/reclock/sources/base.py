@@ -115,6 +115,10 @@ class Snapshotting(Protocol):
     def drop_slot(self) -> None:
         """Remove the source's position upstream (a first tick killed while copying left it)."""
 
+    def begin_new_epoch(self, name: str, bound: int, start: int, landed, drop_slot: bool) -> int | None:
+        """Make way for a new epoch from a fresh snapshot: the consistent point of one that landed unrecorded, or
+        None with no position left upstream (export a new snapshot); SourceError to refuse it."""
+
 
 class LandsTicks(Protocol):
     """A source with no high watermark to sample (Kinesis): each tick takes what it can read and lands it; bound
@@ -142,9 +146,6 @@ class TableColumns(Protocol):
 
     #: The data column holding a record's table columns.
     table_columns: str
-
-    def spark_offset_label(self):
-        """A Spark Column spelling a record's offset as the upstream does (for check reports)."""
 
     def filled_columns(self, table: str, columns) -> list[str]:
         """Of ``columns`` of ``table``, those added with a default that filled the rows already there."""

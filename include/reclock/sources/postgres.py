@@ -40,16 +40,18 @@ Decoding uses the built-in ``pgoutput`` plugin through the SQL slot functions (:
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from ..engine import Frontier, Partition
 from ..pg_types import columns_json, row_json
 from .base import SourceError
+from .pg_snapshot import TID_SHIFT, ExportedSnapshot, parse_snapshot_partition, snapshot_partition, tid
 from .pgoutput import OutputText, decode, int_to_lsn, lsn_to_int, session
 
 try:
@@ -58,44 +60,8 @@ try:
 except ImportError:  # pragma: no cover - reported when a source is built
     psycopg = None
 
-_SNAPSHOT_PARTITION = re.compile(r"^(?P<table>[^@]+)@(?P<lsn>[0-9A-F]+/[0-9A-F]+)$")
-_TID_SHIFT = 16  # a ctid (block, line) as an offset: block << 16 | line (a heap page holds < 2**16 lines)
+log = logging.getLogger("reclock")
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def snapshot_partition(table: str, consistent_lsn: int) -> str:
-    """The partition of ``table``'s initial snapshot taken at the slot's consistent point."""
-    return f"{table}@{int_to_lsn(consistent_lsn)}"
-
-
-def parse_snapshot_partition(partition: str) -> tuple[str, int] | None:
-    """``(table, consistent LSN)`` of a snapshot partition, None for the changes' partition ``""``."""
-    match = _SNAPSHOT_PARTITION.match(partition)
-    return (match["table"], lsn_to_int(match["lsn"])) if match else None
-
-
-def _tid(offset: int) -> str:
-    return f"({offset >> _TID_SHIFT},{offset & ((1 << _TID_SHIFT) - 1)})"
-
-
-class ExportedSnapshot(NamedTuple):
-    """A snapshot exported with a new slot: alive while :meth:`PostgresSource.export_snapshot` is open."""
-
-    name: str            # for SET TRANSACTION SNAPSHOT
-    consistent_lsn: int  # the slot's consistent point C
-    uppers: dict         # snapshot partition -> blocks << 16 (tables with no block are left out)
-    tables: tuple = ()   # every table of the publication ("schema.name"), empty ones too
-
-    @property
-    def spec(self) -> dict:
-        """What a worker's source needs to read the snapshot's partitions (``exported=`` kwarg)."""
-        return {"name": self.name, "consistent_lsn": self.consistent_lsn}
-
-    def every_table(self) -> dict:
-        """A snapshot partition for every table, empty ones too, with room for a resync marker at offset 0
-        (:mod:`reclock.truncate`; a ctid offset is never 0): partition -> upper, at least 1."""
-        return {p: max(self.uppers.get(p, 0), 1) for p in (snapshot_partition(t, self.consistent_lsn)
-                                                            for t in self.tables)}
 
 
 class PostgresSource:
@@ -123,7 +89,7 @@ class PostgresSource:
     content_columns = ("table", "row")
     #: One Spark read task: 256 heap blocks (2 MB) of a snapshot partition, or 16 MB of WAL (each task
     #: decodes the slot from its committed position, so fewer, larger change ranges cost less).
-    max_task_offsets = 256 << _TID_SHIFT
+    max_task_offsets = 256 << TID_SHIFT
     #: Yields TRUNCATE markers (reclock.truncate): what reads them must expand them.
     truncates = True
     #: The first tick lands the initial snapshot (the ``snapshot`` option; reclock.sources.base.Snapshotting).
@@ -154,18 +120,6 @@ class PostgresSource:
         except BaseException:
             self.close()
             raise
-
-    @staticmethod
-    def spark_offset_label():
-        """A Spark Column spelling a record's offset as Postgres does: the commit LSN of a change, the ctid
-        of a snapshot row (for check reports)."""
-        from pyspark.sql import functions as F
-
-        offset = F.col("offset")
-        lsn = F.concat(F.hex(F.shiftright(offset, 32)), F.lit("/"), F.hex(offset.bitwiseAND(0xFFFFFFFF)))
-        ctid = F.format_string("ctid (%d,%d)", F.shiftright(offset, _TID_SHIFT),
-                               offset.bitwiseAND((1 << _TID_SHIFT) - 1))
-        return F.when(F.col("partition") == "", F.concat(F.lit("commit LSN "), lsn)).otherwise(ctid)
 
     def __repr__(self) -> str:
         return f"postgres slot {self.slot!r} (publication {self.publication!r})"
@@ -243,6 +197,33 @@ class PostgresSource:
                 self._sql("SELECT pg_drop_replication_slot(%s)", (self.slot,))
         self._upper = 0
 
+    def begin_new_epoch(self, name: str, bound: int, start: int, landed: Iterable[str], drop_slot: bool) -> int | None:
+        """Make way for source ``name``'s new epoch from a fresh snapshot (:func:`reclock.epochs.new_epoch`),
+        given the LSN remap bound (``bound``), the changes' start (``start``) and the landed partitions.
+
+        Returns the consistent point of a snapshot that already landed but whose epoch was not recorded (a new
+        epoch killed after its landing: record it, take no other), or None with no slot left (export a new
+        one).  A slot that still exists is dropped only with ``drop_slot`` (its unpublished changes are
+        replaced by the snapshot) or when remap never bound it (its consistent point lies beyond ``bound``: a
+        new epoch killed before its snapshot landed); otherwise refused (:class:`SourceError`), writing nothing.
+        """
+        if not self.started():
+            return None
+        confirmed = self.committed()[""]
+        if any(self.snapshot_lsn(p) == confirmed > start for p in landed):
+            log.warning("%s (%r): the snapshot at %s landed but its epoch was not recorded (a new epoch killed): "
+                        "recording it", name, self, confirmed)
+            return confirmed
+        if confirmed <= bound and not drop_slot:
+            raise SourceError(f"{name} ({self!r}): no new epoch begun, nothing written: its replication slot still "
+                              "exists. A new epoch replaces it and publishes what the tables hold now as corrections; "
+                              f"changes bound but not published are not read one by one: `reclock new-epoch {name} "
+                              "--drop-slot` to go on")
+        log.warning("%s (%r): dropping replication slot %r (confirmed at %s) for a new epoch", name, self, self.slot,
+                    confirmed)
+        self.drop_slot()
+        return None
+
     @contextmanager
     def _snapshot_lock(self) -> Iterator[None]:
         """A session advisory lock on the slot's name, held while its snapshot is taken (or it is dropped);
@@ -286,7 +267,7 @@ class PostgresSource:
                     " pg_relation_size(format('%%I.%%I', schemaname, tablename)::regclass) / current_setting('block_size')::int"
                     " FROM pg_publication_tables WHERE pubname = %s ORDER BY 1", (self.publication,)).fetchall()
             self._upper = lsn
-            yield ExportedSnapshot(name, lsn, {snapshot_partition(t, lsn): n << _TID_SHIFT for t, n in blocks if n},
+            yield ExportedSnapshot(name, lsn, {snapshot_partition(t, lsn): n << TID_SHIFT for t, n in blocks if n},
                                    tuple(t for t, _ in blocks))
         finally:
             conn.close()
@@ -349,13 +330,13 @@ class PostgresSource:
                 cur.adapters.register_loader(oid, OutputText)
             cur.execute(sql.SQL("SELECT ctid::text, {} FROM {} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
                 sql.SQL(", ").join(map(sql.Identifier, names)), sql.Identifier(schema, name)),
-                (_tid(start), _tid(end)))
+                (tid(start), tid(end)))
             while batch := cur.fetchmany(2000):
                 for ctid, *values in batch:
                     block, _, line = ctid[1:-1].partition(",")
                     yield ({"table": table, "op": "snapshot", "row": row_json(names, oids, values),
                             "columns": described, "xid": None, "seq": 0, "commit_time": None},
-                           int(block) << _TID_SHIFT | int(line), +1)
+                           int(block) << TID_SHIFT | int(line), +1)
 
     def filled_columns(self, table: str, columns: Sequence[str]) -> list[str]:
         """Of ``columns`` of ``table`` (``schema.name``), those added with a default that filled the rows already
