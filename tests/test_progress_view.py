@@ -190,6 +190,20 @@ def test_page_shows_facts_chart_and_check_results():
     assert 'href="gx/orders/index.html"' not in older
 
 
+def test_a_kinesis_source_shows_its_lag_in_time():
+    """A source that lands what it reads shows how far behind the stream's tip each shard's last read was (the
+    largest in the overview, each shard in the facts); the others show none."""
+    kinesis = fabricated_source("taps", kind="kinesis", lag_ms=1_500, lag_ms_measured_at=T0 + 50_000,
+                                lag_ms_by_partition={"shardId-000000000000": 1_500, "shardId-000000000001": 0})
+    page = render_page(page_data(kinesis, fabricated_source()))
+    taps, orders = section(page, "taps"), section(page, "orders")
+    assert "upstream lag in time" in taps and "1.5 s (read at 2026-01-01 00:00:50.000 UTC" in taps
+    assert "shardId-000000000000 1.5 s, shardId-000000000001 0 ms" in taps
+    assert "upstream lag in time" not in orders
+    overview = page[:page.index('<section class="source"')]
+    assert "1.5 s behind" in overview and "5 offsets behind" in overview
+
+
 def test_failed_check_is_shown_with_its_failing_check():
     html = render_checks(check_record(success=False), now=T0 + 100_000)
     assert "FAIL" in html and "10.0 s ago" in html

@@ -32,7 +32,8 @@ naming the source and the window, before anything is read or written):
   point in a partition the window reads, it is refused.  What is released is the source's
   ``released()`` when it has one (Kafka: log start offsets, since a group commit deletes
   nothing; files: the committed frontier only with ``delete_committed``), else its
-  ``committed()`` (a Postgres slot's confirmed LSN).
+  ``committed()`` (a Postgres slot's confirmed LSN); for landed partitions, also what compaction pruned from
+  the landing (:mod:`reclock.storage.landing`: below ``remap[since]``).
 * **from the upstream they were bound from**: none while the upstream's identity differs from the
   recorded one (a recreated topic's records at those offsets are other records); after ``reclock
   new-epoch``, only windows of the current epoch (:func:`reclock.engine.upstream.replay_problem`).
@@ -116,7 +117,8 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
         raise BackfillError(f"{where}: the upstream its records were bound from was replaced: {'; '.join(other)} "
                             "(reclock new-epoch starts the source over on the new one)")
     if ranges:
-        released = released_frontier(ctx.source)
+        pruned = ctx.tables.pruned()  # a landing pruned by compaction holds no record below it
+        released = released_frontier(ctx.source).join(pruned)
         needed: dict = {}
         for r in ranges:
             needed[r.partition] = min(needed.get(r.partition, r.start), r.start)
@@ -125,7 +127,8 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
             raise BackfillError(
                 f"{where}: upstream already released data the window needs: it reads from {Frontier.of(needed)} "
                 f"({window_start}), but upstream released up to {released} (committed frontier "
-                f"{ctx.source.committed()}); those records cannot be read again")
+                f"{ctx.source.committed()}" + (f"; the landing pruned below {pruned}" if pruned.partitions else "")
+                + "); those records cannot be read again")
     return Window(name, start, end, remap.since, published_upper, version, ranges)
 
 

@@ -448,7 +448,21 @@ def compact(name: str, runtime: Where = None, now: int | None = None, spark=None
         except ConcurrentWriteError as e:  # a racing tick or compaction: nothing lost, the next run compacts
             log.warning("%s: compaction to %d lost a race (%s); the next compaction goes on", name, since, e)
             return {"since": ctx.tables.since(), "compacted": False, "raced": str(e)}
-        return {"since": since, "compacted": True}
+        return {"since": since, "compacted": True, "landing_files_pruned": _prune_landing(name, ctx)}
+
+
+def _prune_landing(name: str, ctx: SourceContext) -> int:
+    """Prune the landing below ``remap[since]`` (:meth:`reclock.storage.LandingTables.prune_landed`: a landing
+    source's stays bounded); the files removed.  A racing prune is logged, and the next compaction prunes."""
+    remap = ctx.tables.read_remap()
+    try:
+        removed = ctx.tables.prune_landed(remap.at(remap.since))
+    except ConcurrentWriteError as e:
+        log.warning("%s: pruning the landing lost a race (%s); the next compaction prunes", name, e)
+        return 0
+    if removed:
+        log.info("%s: pruned %d landing files below remap[%d] = %s", name, removed, remap.since, remap.at(remap.since))
+    return removed
 
 
 def _consumers_progress(name: str, runtime: Runtime) -> list[int]:

@@ -2,7 +2,8 @@
 
 :func:`collect` returns one JSON-able dict per configured source: ``since``, the remap
 and reclocked uppers, the bound frontier and its history (``Remap.progress()``), the
-upstream frontier and the lags, the last check record (:mod:`reclock.check_log`), and the number of
+upstream frontier and the lags (in offsets; for a source that lands what it reads, Kinesis, also in time:
+``lag_ms``, each shard's ``MillisBehindLatest`` at its last read), the last check record (:mod:`reclock.check_log`), and the number of
 records in the source's dead-letter table (``dead_letters``: None while it has none).
 
 It never creates tables and never lets one source spoil the others: the warehouse side is
@@ -79,6 +80,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         "lag_offsets": None, "lag_by_partition": {}, "upstream_measured_at": None, "upstream_measured_by": None,
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
         "on_bad_record": source_config.on_bad_record, "dead_letters": None,
+        "lag_ms": None, "lag_ms_by_partition": {}, "lag_ms_measured_at": None,
     }
     bound = base = Frontier()
     sample = None
@@ -98,6 +100,10 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
                 progress=[[r.into_time, r.partition, r.offset] for r in remap.progress()],
                 publish_lag_ms=max(0, remap.upper - max(reclocked_upper, first)),
                 dead_letters=tables.dead_letter_count())
+            if behind := tables.landing_state().get("behind"):  # a source that lands what it reads (Kinesis)
+                row.update(lag_ms=max(ms for ms, _ in behind.values()), lag_ms_measured_at=max(at for _, at in
+                                                                                                 behind.values()),
+                           lag_ms_by_partition={shard: ms for shard, (ms, _) in behind.items()})
     except Exception as e:  # noqa: BLE001 - shown on the page for this source only
         row["error"] = f"cannot read the warehouse tables at {uri}: {_describe(e)}"
     try:

@@ -377,6 +377,12 @@ def facts(src: Mapping, now: int | None = None) -> str:
         ("publish-lag", "publish lag (remap upper − reclocked upper)", fmt_duration(src.get("publish_lag_ms"))),
         ("bind-lag", "upstream lag (upstream upper − bound frontier)", lag_offsets),
     ]
+    if (lag_ms := src.get("lag_ms")) is not None:  # a source that lands what it reads (Kinesis)
+        at = src.get("lag_ms_measured_at")
+        shards = ", ".join(f"{partition_label(p)} {fmt_duration(ms)}"
+                           for p, ms in sorted((src.get("lag_ms_by_partition") or {}).items())[:20])
+        items.append(("time-lag", "upstream lag in time (MillisBehindLatest at the last read)",
+                      f"{fmt_duration(lag_ms)} (read at {fmt_time(at)}; by shard: {shards})"))
     if src.get("dead_letters") is not None or src.get("on_bad_record") == "dead_letter":
         items.append(("dead-letters", "dead letters (records that could not be decoded)",
                       f"{fmt_count(src.get('dead_letters') or 0)} in {src.get('source')}_dead_letter"))
@@ -444,6 +450,7 @@ def overview(sources: Sequence[Mapping]) -> str:
     for src in sources:
         name, record = src.get("source", "?"), src.get("last_check")
         upstream = (unreachable(src) if src.get("upstream_error") else
+                    f'{fmt_duration(src["lag_ms"])} behind' if src.get("lag_ms") is not None else
                     f'{fmt_count(src.get("lag_offsets"))} offsets behind' if src.get("upstream_frontier") is not None
                     else "–")
         check = "never" if record is None else ("PASS" if record.get("success") else "FAIL")

@@ -187,9 +187,11 @@ class KinesisSource:
     def take(self, landed: Frontier, bound: Frontier, state: Mapping[str, Any]) -> Taken:
         """Read the records after ``landed`` of the shards :func:`readable_shards` allows, within the tick's
         budget; ``state`` is what the last landing recorded (``{"complete": {shard: upper}, "read_to":
-        {shard: ms}}``).  Refuses (:class:`SourceError`, nothing taken) when records may have expired."""
+        {shard: ms}, "behind": {shard: [MillisBehindLatest, ms]}}``: the shard's lag at its last read and when
+        it was read).  Refuses (:class:`SourceError`, nothing taken) when records may have expired."""
         complete = dict(state.get("complete", {}))
         read_to = dict(state.get("read_to", {}))
+        behind = {k: v for k, v in dict(state.get("behind", {})).items() if k not in complete}
         shards = self.shards()
         readable = readable_shards(shards, bound, complete)
         retention_ms = int(self.summary()["RetentionPeriodHours"]) * 3_600_000
@@ -222,16 +224,18 @@ class KinesisSource:
                     last = seq
                 if last >= 0:
                     uppers[shard] = last + 1
+                behind[shard] = [int(page.get("MillisBehindLatest", 0)), asked]
                 iterator = page.get("NextShardIterator")
                 if iterator is None:  # a closed shard read to its end: complete
                     uppers[shard] = max(last, endings.get(shard) or 0) + 1
                     complete[shard] = uppers[shard]
+                    behind.pop(shard, None)
                 elif not page["Records"] and page.get("MillisBehindLatest", 0) == 0:
                     read_to[shard] = asked  # caught up: every record that arrived before `asked` is read
                     break
                 if len(records) >= self.max_records or time.monotonic() >= deadline:
                     break
-        return Taken(records, Frontier.of(uppers), {"complete": complete, "read_to": read_to})
+        return Taken(records, Frontier.of(uppers), {"complete": complete, "read_to": read_to, "behind": behind})
 
     # --- the Source protocol ------------------------------------------------------------------
 

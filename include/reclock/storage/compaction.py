@@ -61,7 +61,8 @@ class CompactingTables(Tables):
            when ``offsets_unique``: see :meth:`_consolidate_reclocked`);
         4. optimize (merge the files below ``OPTIMIZE_MIN_FILE_BYTES`` of a table with more than
            ``SMALL_FILES_MAX`` of them, as a tick does remap's) and vacuum files
-           removed more than ``retention_hours`` ago, in the dead-letter table too (its rows are all kept);
+           removed more than ``retention_hours`` ago, in the dead-letter table too (its rows are all kept) and the
+           landing (pruned by :func:`reclock.pipeline.compact`, never merged: a prune removes whole files);
            a table vacuumed less than a quarter of that retention ago is not vacuumed yet (:func:`vacuum_due`).
 
         A read of a version from before the compaction (an AS OF query or a backfill that is still
@@ -77,10 +78,10 @@ class CompactingTables(Tables):
             commits.commit_added(self.table("remap"), [], SINCE_APP, since)
         self._consolidate_remap(since)
         self._consolidate_reclocked(since, offsets_unique)
-        dead_letters = ("dead_letter",) if self._table_or_none("dead_letter") is not None else ()
+        others = tuple(k for k in ("dead_letter", "landing") if self._table_or_none(k) is not None)
         vacuumed = self.vacuumed()
-        for kind in KINDS + dead_letters:  # the dead letters are kept whole: merged only (a file per publish)
-            if self._has_many_small_files(kind):
+        for kind in KINDS + others:  # the dead letters are kept whole: merged only (a file per publish)
+            if kind != "landing" and self._has_many_small_files(kind):  # landing: pruned a landing's file at once
                 self._optimize(kind)
             started = now_ms()
             if vacuum_due(vacuumed.get(kind), started, retention_hours):

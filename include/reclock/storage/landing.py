@@ -6,16 +6,27 @@ it (and the source's state); from then on staging and backfills read those parti
 (:meth:`LandingTables.read_landed`), not upstream.  A landing committed by another writer after this one read the
 table makes Delta refuse this one (:class:`~reclock.storage.layout.ConcurrentWriteError`, nothing landed), and one
 committed before is seen by the check of what is landed already: no record is landed twice.
+
+The landing stays bounded: compaction to ``since`` prunes it (:meth:`LandingTables.prune_landed`) below
+``remap[since]``, the frontier of the binding ``since`` folds.  Law: staging reads only bindings after the published
+upper, which is beyond ``since``, and a backfill reads from ``remap[start - 1]``, so every read but a backfill's
+replay of the folded binding itself lies at or beyond ``remap[since]``; that replay is refused once the records it
+needs were pruned (:meth:`LandingTables.pruned` joins the source's released frontier), never answered from a
+partial landing.  A prune removes whole files (each holds one landing's records) whose every record lies below that
+frontier, in one delta-rs commit of removes recording the frontier (``userMetadata`` ``pruned``).
 """
 from __future__ import annotations
 
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .. import offsets
 from ..engine import Frontier
+from . import commits
 from .commits import LANDING_APP, app_version
+from .files import files_with_rows
 from .layout import ConcurrentWriteError, WarehouseError, attempt_dir
 from .tables import Tables
 
@@ -110,3 +121,41 @@ class LandingTables(Tables):
             inside = (F.col("partition") == F.lit(partition)) & (F.col("offset") >= low) & (F.col("offset") < high)
             into_time, wanted = F.when(inside, F.lit(t)).otherwise(into_time), wanted | inside
         return df.where(wanted).withColumn("into_time", into_time).select(*self.schemas["reclocked"].names)
+
+    def pruned(self) -> Frontier:
+        """Below it, per partition, the landing may no longer hold records: what compaction pruned (empty before)."""
+        out = Frontier()
+        for below in self._landings("pruned", lambda u: Frontier.of([tuple(p) for p in u])):
+            out = out.join(below)
+        return out
+
+    def prune_landed(self, below: Frontier) -> int:
+        """Remove the landing's files whose every record lies below ``below`` in its partition (compaction: the
+        law in the module docstring), in one delta-rs commit of removes whose ``userMetadata`` records ``below``
+        (:meth:`pruned`); the number of files removed (0: nothing to do, nothing committed).  A racing landing
+        adds files this leaves alone; a racing prune or OPTIMIZE of the same files refuses it
+        (:func:`~reclock.storage.commits.replace_files`: :class:`ConcurrentWriteError`, nothing removed)."""
+        dt = self._table_or_none("landing")
+        if dt is None or not below.partitions:
+            return 0
+        removed = self._files_below(dt, below)
+        if not removed:
+            return 0
+        commits.replace_files(dt, removed, [], lambda latest: [path for path, _ in self._files_below(latest, below)],
+                              "prune-landing", f"{self.uri}: another writer removed landing files meanwhile; nothing "
+                              "pruned (the next compaction does it)",
+                              {"pruned": [list(u) for u in below.join(self.pruned())]})
+        return len(removed)
+
+    def _files_below(self, dt, below: Frontier) -> list[tuple[str, int]]:
+        """``(path, size)`` of the snapshot's landing files whose every record lies below ``below``, read from each
+        file's ``partition`` and ``offset`` columns (offsets compare as stored: strings preserve their order)."""
+        files, fs, out = files_with_rows(dt), self._fs(), []
+        bounds = {p: offsets.to_storage(u, self.offset_type) for p, u in below}
+        for path, size in zip(files["path"].to_pylist(), files["size_bytes"].to_pylist()):
+            rows = pq.read_table(f"landing/{path}", columns=["partition", "offset"], filesystem=fs)
+            highest = rows.group_by("partition").aggregate([("offset", "max")])
+            if all(p in bounds and top < bounds[p] for p, top in
+                   zip(highest["partition"].to_pylist(), highest["offset_max"].to_pylist())):
+                out.append((path, size))
+        return out
