@@ -11,7 +11,13 @@ the test reads (``make test`` runs the same tests at small counts, so every path
   (``RECLOCK_FAULT_ROUNDS``), in one run of the test (``--kill-shards N``: N runs at once sharing the rounds;
   docs/testing.md says why one is the default);
 * ``long-run``: records arriving without pause while tick threads race and a publisher publishes, for 30 minutes
-  (``RECLOCK_SOAK_SECONDS``).
+  (``RECLOCK_SOAK_SECONDS``);
+* ``s3``: ``tests/test_s3.py``'s races on an ``s3://`` warehouse (moto's server), 100 rounds each of four
+  processes creating one source's tables, four processes ticking it, and a publish racing a compaction
+  (``RECLOCK_S3_ROUNDS``);
+* ``platform``: ``tests/test_up.py``, ``make up`` as a person uses it: two scheduled runs of every DAG within five
+  minutes, the UI's pages in headless Chromium (their screenshots into ``docs/images``), Ctrl-C leaving no process
+  (``RECLOCK_PLATFORM``; ``make test`` skips it: it starts servers of its own).
 
 An anomaly is what those tests assert never happens: a record lost or counted twice, remap not strictly
 monotone, a frontier beyond the upstream; a part whose test fails reports the failure as its anomaly.  Each
@@ -48,6 +54,12 @@ def parts(args) -> dict[str, dict]:
                  "env": {"RECLOCK_RACE_RUN_ROUNDS": str(args.run_rounds)}},
         "long-run": {"tests": ["tests/test_races.py::test_records_arriving_while_ticks_race"],
                      "env": {"RECLOCK_SOAK_SECONDS": str(args.seconds)}},
+        "s3": {"tests": ["tests/test_s3.py::test_racing_first_steps_create_each_table_once_on_s3",
+                         "tests/test_s3.py::test_racing_ticks_on_s3_lose_no_commit",
+                         "tests/test_s3.py::test_publishes_racing_compactions_on_s3"],
+               "env": {"RECLOCK_S3_ROUNDS": str(args.s3_rounds)}},
+        "platform": {"tests": ["tests/test_up.py"],
+                     "env": {"RECLOCK_PLATFORM": "1", "RECLOCK_SCREENSHOTS": str(REPO / "docs" / "images")}},
     }
 
 
@@ -107,7 +119,7 @@ def run_part(name: str, part: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", action="append", choices=["races", "runs", "kills", "long-run"],
+    parser.add_argument("--part", action="append", choices=["races", "runs", "kills", "long-run", "s3", "platform"],
                         help="run only this part (repeatable; default all)")
     parser.add_argument("--race-rounds", type=int, default=100)
     parser.add_argument("--process-rounds", type=int, default=100)
@@ -116,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-shards", type=int, default=1,
                         help="fault tests run at once, each on its own source and servers, sharing the rounds")
     parser.add_argument("--seconds", type=int, default=1800, help="the long run's length")
+    parser.add_argument("--s3-rounds", type=int, default=100, help="rounds of each race on s3://")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in parts(args).items() if not args.part or k in args.part}
