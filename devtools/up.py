@@ -59,7 +59,7 @@ def platform_env(home: Path, config: Path, port: int) -> dict[str, str]:
 
 
 class Stop(Exception):
-    """SIGTERM: stop as on Ctrl-C."""
+    """Ctrl-C or SIGTERM while starting up: stop what was started."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +71,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop by itself after this many seconds (default: run until Ctrl-C)")
     args = parser.parse_args(argv)
 
+    state = {"generating": False, "stopping": False}  # in the generators' loop a signal ends it between rounds
+
     def stop(signum, frame):
-        raise Stop()
+        state["stopping"] = True
+        if not state["generating"]:  # starting up: stop at once
+            raise Stop()
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     shutil.rmtree(args.dir, ignore_errors=True)
     logs = args.dir / "weblogs"
     logs.mkdir(parents=True)
@@ -112,14 +117,19 @@ def main(argv: list[str] | None = None) -> int:
                   f" every minute;\n  sources file {config}; Ctrl-C stops everything.\n", flush=True)
             rng, round_ = random.Random(7), 0
             started = time.monotonic()
-            while args.duration is None or time.monotonic() - started < args.duration:
+            state["generating"] = True  # Ctrl-C now ends the loop between rounds (never inside a client's C code)
+            while not state["stopping"] and (args.duration is None or time.monotonic() - started < args.duration):
                 round_ += 1
                 changed = change_round(broker.bootstrap, logs, dsn, kinesis, round_, rng)
                 print(f"round {round_}: {changed}", flush=True)
                 if airflow.poll() is not None:
                     raise RuntimeError(f"airflow standalone exited ({airflow.returncode}); see "
                                        f"{args.dir / 'standalone.log'}")
-                time.sleep(args.every)
+                pause = time.monotonic() + args.every
+                while not state["stopping"] and time.monotonic() < pause:
+                    time.sleep(0.1)
+            if state["stopping"]:
+                print("\nstopping", flush=True)
     except (KeyboardInterrupt, Stop):
         print("\nstopping", flush=True)
     finally:

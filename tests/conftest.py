@@ -42,6 +42,7 @@ def pytest_configure(config):
     from devtools import services
 
     if not hasattr(config, "workerinput"):
+        config.reclock_load_at_start = _load_average()  # what else ran on the machine, for the wall time's reader
         config.reclock_servers = services.Run.open()
         # Every Spark JVM of the run (workers', steps', servers') keeps its scratch (block manager, userFiles,
         # pyspark) in the run directory, removed at the end: a JVM a test kills cannot clean its own.
@@ -58,6 +59,11 @@ class _HandServersToWorkers:
 
     def pytest_configure_node(self, node):
         node.workerinput["reclock_servers"] = self.directory
+
+
+def _load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, as ``uptime`` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def pytest_unconfigure(config):
@@ -477,4 +483,6 @@ def pytest_terminal_summary(terminalreporter, config):
         import time
 
         seconds = int(time.time()) - int(started)
-        terminalreporter.write_line(f"make test: wall time {seconds // 60} min {seconds % 60} s (set-up included)")
+        terminalreporter.write_line(f"make test: wall time {seconds // 60} min {seconds % 60} s (set-up included); "
+                                    f"load average {config.reclock_load_at_start} at the tests' start, "
+                                    f"{_load_average()} at their end")
