@@ -1,7 +1,7 @@
 """Named points of a run that another module may observe: after each step of :func:`reclock.pipeline.run_once`
-(``after-<step>``), and around each Delta commit (``<commit>``: ``tick`` and ``publish``, delta-rs's;
-``compact``, ``compact-remap`` and ``compact-reclocked``, delta-spark's; any other commit named by its app
-transaction, e.g. ``reclock.landing``).
+(``after-<step>``), and around each Delta commit (``<commit>``, all delta-rs's: ``tick``, ``publish`` and
+``compact`` (``since``) by their app transactions; ``compact-remap``, ``prune-landing`` and each rewrite's by
+name; any other commit by its app transaction, e.g. ``reclock.landing``).
 
 Inert by default: no observer, nothing happens.  An observer (:func:`observe`) is what test and development tools
 install, e.g. the crash points of the fault tests (``devtools/crash_points.py``): its ``reached(point)`` is called

@@ -36,6 +36,9 @@ compaction of reclocked     reclocked    delta-rs (files by    removes the files
                                          Spark)                ``since``, adds their rows rewritten; goes on over
                                                                a racing commit only if the files holding such
                                                                rows are still the ones it read
+prune of the landing        landing      delta-rs (removes     removes only files whose every record lies below
+                                         only)                 ``remap[since]``; goes on over a racing landing
+                                                               (it only adds), refused by a racing prune
 backfill repair             reclocked    delta-rs (files by    as a compaction rewrite, of the window's rows
                                          Spark)
 transactions step           txn tables   delta-rs (pyarrow)    as a tick's, with ``reclock.txn_output``/``_temp``
