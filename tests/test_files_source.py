@@ -481,3 +481,38 @@ def test_rotations_read_every_line_once(tmp_path_factory, ops):
             tick()
     tick()
     assert sorted(read, key=lambda x: int(x.split()[1])) == written  # files are read partition by partition
+
+
+def test_status_the_page_and_the_tick_log_name_each_identity_by_its_file(tmp_path, caplog):
+    """A files source's partitions are content fingerprints; the tick keeps the file holding each (the rotated-away
+    one by its last known name while it is bound), and ``reclock status``, the progress page and the tick's log
+    line show it."""
+    from conftest import write_sources_config
+
+    from reclock import pipeline, status
+    from reclock.progress import collect_sources
+    from reclock.progress_view import partition_table, render_page
+    from reclock.runtime import Runtime
+
+    A, B = fp(b"a1\n"), fp(b"b1\n")  # the identities of the first and the second app.log
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "app.log").write_bytes(b"a1\na2\n")
+    config = write_sources_config(tmp_path, ("web", "files", {"url": str(logs), "pattern": "app.log*"}))
+    pipeline.tick("web", config, now=1_000)
+    (logs / "app.log").rename(logs / "app.log.1")  # rotated: the old identity follows its file
+    (logs / "app.log").write_bytes(b"b1\n")
+    with caplog.at_level("INFO", logger="reclock"):
+        pipeline.tick("web", config, now=2_000)
+    assert f"'{A}': 'app.log.1'" in caplog.text and f"'{B}': 'app.log'" in caplog.text
+    (row,) = status.status(config)
+    assert row["partition_names"] == {A: "app.log.1", B: "app.log"}
+    with Runtime.of(config).source("web", connect=False) as ctx:  # a tick that no longer sees app.log.1
+        sample = ctx.tables.upstream_sample()
+        ctx.tables.record_upstream_sample(sample["upper"], sample["bound"], "tick", 3_000, names={B: "app.log"})
+    (progress,) = collect_sources(Runtime.of(config).config, upstream=False)
+    assert progress["partition_names"] == {A: "app.log.1", B: "app.log"}
+    table = partition_table(progress)
+    assert f"app.log.1 ({A})" in table and f"app.log ({B})" in table
+    assert f"app.log.1 ({A})" in render_page({"generated_at": 3_000, "config": config, "warehouse": "",
+                                                      "error": None, "sources": [progress]})

@@ -17,8 +17,8 @@ from .clock import now_ms
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, tick_problems, to_upstream)
 from .runtime import Runtime, SourceContext, Where
-from .sources.base import (LandsTicks, PrimaryKeys, Snapshotting, SourceError, TableColumns, Truncating, identity_of,
-                           offers, released_frontier, starting_frontier)
+from .sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Snapshotting, SourceError, TableColumns,
+                           Truncating, identity_of, offers, released_frontier, starting_frontier)
 from .storage import ConcurrentWriteError, SourceTables, UpstreamRecord
 
 log = logging.getLogger("reclock")
@@ -69,7 +69,8 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     written = ctx.tables.append_binding(remap, after, upstream=frontier)
     _sample_upstream(name, ctx, frontier, remap.frontier, "tick")
     moved = sum(frontier.increments_from(remap.frontier).values())
-    log.info("%s: tick at %d binds %s (+%d offsets)", name, now, frontier, moved)
+    log.info("%s: tick at %d binds %s (+%d offsets)%s", name, now, frontier, moved,
+             f"; files: {ctx.source.partition_names()}" if offers(ctx.source, NamedPartitions) else "")
     return {"into_time": now, "frontier": frontier.as_json(), "new_offsets": moved, "written": written}
 
 
@@ -77,8 +78,9 @@ def _sample_upstream(name: str, ctx: SourceContext, upper: Frontier, bound: Fron
     """Keep the upstream's upper as ``step`` just measured it, with what was bound then (the last known lag)."""
     from . import clock  # the wall clock itself: a tick's IntoTime may come from elsewhere (and tests patch now_ms)
 
+    names = ctx.source.partition_names() if offers(ctx.source, NamedPartitions) else None
     try:
-        ctx.tables.record_upstream_sample(upper, bound, step, clock.now_ms())
+        ctx.tables.record_upstream_sample(upper, bound, step, clock.now_ms(), names)
     except OSError as e:  # the progress page's cache only: never fails the step
         log.warning("%s: could not keep the upstream sample: %s", name, e)
 

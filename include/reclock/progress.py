@@ -80,7 +80,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         "lag_offsets": None, "lag_by_partition": {}, "upstream_measured_at": None, "upstream_measured_by": None,
         "publish_lag_ms": None, "last_check": None, "last_check_error": None,
         "on_bad_record": source_config.on_bad_record, "dead_letters": None,
-        "lag_ms": None, "lag_ms_by_partition": {}, "lag_ms_measured_at": None,
+        "lag_ms": None, "lag_ms_by_partition": {}, "lag_ms_measured_at": None, "partition_names": {},
     }
     bound = base = Frontier()
     sample = None
@@ -112,6 +112,7 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
         row["last_check_error"] = f"cannot read {uri}/{check_log.FILE_NAME}: {_describe(e)}"
     if sample is not None:  # the last upper a step measured; a live answer below replaces it
         _lag(row, sample["upper"], bound, sample["measured_at"], sample["step"])
+        row["partition_names"] = sample.get("names") or {}  # a files source's file names, as the tick saw them
     if upstream:
         try:
             options = resolved_options(source_config)  # its Airflow connection, if it names one

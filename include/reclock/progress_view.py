@@ -82,9 +82,13 @@ def fmt_count(n: float | None) -> str:
     return f"{n:,.0f}"  # pragma: no cover
 
 
-def partition_label(partition: Hashable) -> str:
-    """How a partition is named on the page (Postgres' single partition is the empty string)."""
-    return "(single)" if partition == "" else str(partition)
+def partition_label(partition: Hashable, names: Mapping | None = None) -> str:
+    """How a partition is named on the page (Postgres' single partition is the empty string; a files source's
+    identity with the name of the file holding it, from ``names``)."""
+    if partition == "":
+        return "(single)"
+    name = (names or {}).get(str(partition))
+    return f"{name} ({partition})" if name else str(partition)
 
 
 # --- the chart --------------------------------------------------------------------------------
@@ -238,14 +242,14 @@ def series_style(i: int) -> tuple[str, float]:
     return DASHES[i % len(DASHES)], -SERIES_SHIFT_PX * (i % 4)
 
 
-def legend(rows: Iterable[Sequence], max_partitions: int = MAX_PARTITIONS) -> str:
-    names = list(series(rows))
+def legend(rows: Iterable[Sequence], max_partitions: int = MAX_PARTITIONS, names: Mapping | None = None) -> str:
+    drawn = list(series(rows))
     items = [f'<li><svg class="swatch" width="26" height="10" aria-hidden="true"><line x1="0" y1="5" x2="26" y2="5" '
              f'stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="2.5"'
              + (f' stroke-dasharray="{series_style(i)[0]}"' if series_style(i)[0] else "") + '/></svg>'
-             f'{h(partition_label(p))}</li>' for i, p in enumerate(names[:max_partitions])]
-    if len(names) > max_partitions:
-        items.append(f'<li class="more">+{len(names) - max_partitions} more partitions not drawn</li>')
+             f'{h(partition_label(p, names))}</li>' for i, p in enumerate(drawn[:max_partitions])]
+    if len(drawn) > max_partitions:
+        items.append(f'<li class="more">+{len(drawn) - max_partitions} more partitions not drawn</li>')
     return f'<ul class="legend">{"".join(items)}</ul>' if items else ""
 
 
@@ -324,12 +328,12 @@ def render_checks(record: Mapping | None, error: str | None = None, now: int | N
 def partition_table(src: Mapping) -> str:
     """Per partition: bound upper, upstream upper and the offsets not yet bound."""
     bound, upstream = src.get("bound_frontier") or {}, src.get("upstream_frontier")
-    lag = src.get("lag_by_partition") or {}
+    lag, known = src.get("lag_by_partition") or {}, src.get("partition_names") or {}
     names = sorted(set(bound) | set(upstream or {}), key=lambda p: (0, int(p), "") if p.isdigit() else (1, 0, p))
     if not names:
         return ""
     rows = "".join(
-        f'<tr><td>{h(partition_label(p))}</td><td class="num">{h(fmt_count(bound.get(p, 0)))}</td>'
+        f'<tr><td>{h(partition_label(p, known))}</td><td class="num">{h(fmt_count(bound.get(p, 0)))}</td>'
         f'<td class="num">{h(fmt_count(upstream.get(p, 0)) if upstream is not None else "?")}</td>'
         f'<td class="num">{h(fmt_count(lag.get(p, 0)) if upstream is not None else "?")}</td></tr>'
         for p in names[:50])
@@ -404,7 +408,7 @@ def render_source(src: Mapping, now: int | None = None) -> str:
         out.append('<p class="muted">no remap table yet: the source was never ticked</p>')
     out.append(facts(src, now))
     rows = src.get("progress") or []
-    out.append(f'<figure>{chart_svg(rows, str(name))}{legend(rows)}</figure>')
+    out.append(f'<figure>{chart_svg(rows, str(name))}{legend(rows, names=src.get("partition_names"))}</figure>')
     out.append(partition_table(src))
     out.append(render_checks(src.get("last_check"), src.get("last_check_error"), now))
     out.append("</section>")

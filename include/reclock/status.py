@@ -36,6 +36,8 @@ def status_row(progress: dict[str, Any]) -> dict[str, Any]:
             at = datetime.fromtimestamp(progress["upstream_measured_at"] / 1000, timezone.utc)
             row["last_measured_upstream"] = {"frontier": progress["upstream_frontier"], "by": progress[
                 "upstream_measured_by"], "at": at.isoformat(timespec="seconds")}
+    if progress.get("partition_names"):  # files: the file holding each identity (its last known name)
+        row["partition_names"] = progress["partition_names"]
     if progress.get("lag_ms") is not None:  # Kinesis: how far behind the stream's tip its last read was
         at = datetime.fromtimestamp(progress["lag_ms_measured_at"] / 1000, timezone.utc)
         row.update(lag_ms=progress["lag_ms"], lag_ms_by_partition=progress["lag_ms_by_partition"],

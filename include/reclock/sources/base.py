@@ -151,6 +151,14 @@ class TableColumns(Protocol):
         """Of ``columns`` of ``table``, those added with a default that filled the rows already there."""
 
 
+class NamedPartitions(Protocol):
+    """A source whose partitions are identities a person does not read (files: content fingerprints): each has a
+    name, the file holding it, shown beside it in logs, ``reclock status`` and the progress page."""
+
+    def partition_names(self) -> dict[str, str]:
+        """``{partition: name}`` as of the last ``upper()`` (no new look upstream)."""
+
+
 class PrimaryKeys(Protocol):
     """A source that knows its tables' primary keys (staged with a batch, for the checks)."""
 

@@ -267,6 +267,11 @@ class FileSource:
         self.upper()
         return dict(self._names)
 
+    def partition_names(self) -> dict[str, str]:
+        """``{identity: key}`` as of the last :meth:`upper` (the :class:`~reclock.sources.base.NamedPartitions`
+        capability: names for logs, status and the progress page)."""
+        return dict(self._names)
+
     def _scan(self, ident: str, key: str, size: int) -> tuple[int, int, bytes, str]:
         """``ident``'s new ``(size, upper, tail bytes, key)``, refusing bytes changed before its known upper."""
         size0, lo, tail, key0 = self._seen.get(ident, (0, 0, b"", None))

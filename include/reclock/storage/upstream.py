@@ -64,16 +64,22 @@ class UpstreamTables(Tables):
                   EPOCHS_PROPERTY: json.dumps(record.epochs, sort_keys=True)}
         commits.set_properties(self.table("remap"), values, "the upstream record (table properties)")
 
-    def record_upstream_sample(self, upper: Frontier, bound: Frontier, step: str, at: int) -> None:
+    def record_upstream_sample(self, upper: Frontier, bound: Frontier, step: str, at: int,
+                               names: dict[str, str] | None = None) -> None:
         """Keep the upstream's upper as ``step`` measured it at ``at`` (ms), with what remap had bound then, as
         ``<source>/upstream_sample.json`` (replaced each time): the last known upstream lag, which the progress page
-        shows without asking the upstream (:meth:`upstream_sample`)."""
-        write_json(self.uri, UPSTREAM_SAMPLE, {"measured_at": at, "step": step, "upper": [list(u) for u in upper],
-                                               "bound": [list(b) for b in bound]}, self.storage_options)
+        shows without asking the upstream (:meth:`upstream_sample`).  ``names``: the partitions' names now (a
+        files source's file names); a bound partition that has none now keeps its last known one."""
+        doc = {"measured_at": at, "step": step, "upper": [list(u) for u in upper], "bound": [list(b) for b in bound]}
+        if names is not None:
+            known = (self._read_json(UPSTREAM_SAMPLE) or {}).get("names") or {}
+            doc["names"] = {**{p: n for p, n in known.items() if p in set(bound.partitions) | set(upper.partitions)},
+                            **names}
+        write_json(self.uri, UPSTREAM_SAMPLE, doc, self.storage_options)
 
     def upstream_sample(self) -> dict | None:
-        """The last :meth:`record_upstream_sample`: ``{"measured_at", "step", "upper", "bound"}`` (frontiers), or
-        None before any."""
+        """The last :meth:`record_upstream_sample`: ``{"measured_at", "step", "upper", "bound"}`` (frontiers, and
+        ``names`` when the source names its partitions), or None before any."""
         doc = self._read_json(UPSTREAM_SAMPLE)
         if doc is None:
             return None
