@@ -52,8 +52,9 @@ def canonical(doc) -> str:
 def as_of(spark, config, t) -> Counter:
     register_as_of(spark, t, ["acct"], config)
     out = Counter()
-    for r in spark.table("acct").where("table = 'public.acct'").collect():
-        v = json.loads(r["row"])  # a NULL column is a missing key
+    rows = spark.table("acct").where("table = 'public.acct'").select("row").toArrow()["row"].to_pylist()  # not Rows
+    for row in rows:
+        v = json.loads(row)  # a NULL column is a missing key
         tags = v.get("tags")
         out[(v["id"], v.get("bal"), v.get("owner"), v.get("ok"), canonical(v.get("doc")),
              None if tags is None else tuple(tags), v.get("at"), v.get("note"))] += 1

@@ -57,20 +57,23 @@ CASES = {
 
 def frame(spark, records, table="t"):
     """Records of ``table`` (or the table a record names) as reclocked rows; partitions ``t@X`` renamed ``table@X``."""
-    rows = [(r[6] if len(r) > 6 else table, r[3], r[4], r[2], r[0].replace("t@", f"{table}@"), r[1], 9, r[5])
+    return spark.createDataFrame(frame_rows(records, table), SCHEMA)
+
+
+def frame_rows(records, table="t") -> list[tuple]:
+    """The rows of :func:`frame`."""
+    return [(r[6] if len(r) > 6 else table, r[3], r[4], r[2], r[0].replace("t@", f"{table}@"), r[1], 9, r[5])
             for r in records]
-    return spark.createDataFrame(rows, SCHEMA)
 
 
 def test_markers_become_what_they_change(spark):
     """Every case at once (one Spark job), each case its own table."""
     tables = {case: f"t{i}" for i, case in enumerate(CASES)}
-    published = batch = None
+    published, batch = [], []  # one frame each (a union of a frame per case plans for a minute)
     for case, (before, records, _) in CASES.items():
-        b = frame(spark, [("", 1, 0, "insert", r[0], r[1], *r[2:]) for r in before], tables[case])
-        r = frame(spark, records, tables[case])
-        published = b if published is None else published.unionByName(b)
-        batch = r if batch is None else batch.unionByName(r)
+        published += frame_rows([("", 1, 0, "insert", r[0], r[1], *r[2:]) for r in before], tables[case])
+        batch += frame_rows(records, tables[case])
+    published, batch = spark.createDataFrame(published, SCHEMA), spark.createDataFrame(batch, SCHEMA)
     out = expand_truncates(batch.localCheckpoint(eager=True), published,
                            lambda p: SNAPSHOTS[p.replace(p.split("@")[0], "t")]).collect()
     got = {case: Counter((r["partition"].replace(f"{t}@", "t@"), r["op"], r["row"], r["diff"])
