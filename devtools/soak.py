@@ -99,6 +99,7 @@ def run_part(name: str, part: dict) -> dict:
     shards = part.get("shards") or [part["env"]]
     print(f"soak: {name}: " + " | ".join(" ".join(f"{k}={v}" for k, v in env.items()) for env in shards), flush=True)
     when, where, started = datetime.now(timezone.utc).isoformat(timespec="seconds"), machine(), time.monotonic()
+    tested = commit()  # before the run: the platform part's screenshots change tracked files
     procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *part["tests"],
                                "--basetemp", f"/tmp/reclock-soak-{name}-{i}"],
                               cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -112,7 +113,7 @@ def run_part(name: str, part: dict) -> dict:
     anomalies = [failure(output) for proc, output in zip(procs, outputs) if proc.returncode != 0]
     print(f"soak: {name}: {'passed' if passed else 'FAILED'} in {wall / 60:.1f} min {'; '.join(summaries)}",
           flush=True)
-    return {"commit": commit(), "started": when, "machine": where, "tests": part["tests"],
+    return {"commit": tested, "started": when, "machine": where, "tests": part["tests"],
             **({"shards": shards} if part.get("shards") else {"env": part["env"]}), "passed": passed,
             "wall_s": round(wall, 1), "pytest": "; ".join(summaries), "anomalies": anomalies}
 
