@@ -3,8 +3,9 @@
 :func:`collect` returns one JSON-able dict per configured source: ``since``, the remap
 and reclocked uppers, the bound frontier and its history (``Remap.progress()``), the
 upstream frontier and the lags (in offsets; for a source that lands what it reads, Kinesis, also in time:
-``lag_ms``, each shard's ``MillisBehindLatest`` at its last read), the last check record (:mod:`reclock.check_log`), and the number of
-records in the source's dead-letter table (``dead_letters``: None while it has none).
+``lag_ms``, each shard's ``MillisBehindLatest`` at its last read), the names of its partitions where the source
+has them (``partition_names``: a files source's file names), the last check record (:mod:`reclock.check_log`), and
+the number of records in the source's dead-letter table (``dead_letters``: None while it has none).
 
 It never creates tables and never lets one source spoil the others: the warehouse side is
 read without connecting to the upstream (so an unreachable upstream still shows its bound
@@ -101,9 +102,9 @@ def source_progress(config: Config, name: str, upstream: bool = True) -> dict[st
                 publish_lag_ms=max(0, remap.upper - max(reclocked_upper, first)),
                 dead_letters=tables.dead_letter_count())
             if behind := tables.landing_state().get("behind"):  # a source that lands what it reads (Kinesis)
-                row.update(lag_ms=max(ms for ms, _ in behind.values()), lag_ms_measured_at=max(at for _, at in
-                                                                                                 behind.values()),
-                           lag_ms_by_partition={shard: ms for shard, (ms, _) in behind.items()})
+                lags = {shard: ms for shard, (ms, _) in behind.items()}
+                row.update(lag_ms=max(lags.values()), lag_ms_by_partition=lags,
+                           lag_ms_measured_at=max(at for _, at in behind.values()))
     except Exception as e:  # noqa: BLE001 - shown on the page for this source only
         row["error"] = f"cannot read the warehouse tables at {uri}: {_describe(e)}"
     try:
