@@ -476,8 +476,24 @@ def check_engine_laws(data, records) -> None:
         assert start < end
 
 
+#: Per xdist worker: the test files it ran, their summed durations, and when its last test ended (controller only).
+_WORKERS: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set by xdist on the controller's copy of a worker's report
+    if node is None:
+        return
+    import time
+
+    worker = _WORKERS.setdefault(node.workerinput["workerid"], {"files": Counter(), "ended": 0.0})
+    worker["files"][report.nodeid.split("::")[0]] += report.duration
+    worker["ended"] = time.time()
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    """The wall time of ``make test`` (set-up included) when it started this run."""
+    """The wall time of ``make test`` (set-up included) when it started this run, and when each worker ended: the
+    gap between the workers is what a better file order (LONGEST_FIRST) could save."""
     started = os.environ.get("RECLOCK_MAKE_STARTED")
     if started and not hasattr(config, "workerinput"):
         import time
@@ -486,3 +502,9 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"make test: wall time {seconds // 60} min {seconds % 60} s (set-up included); "
                                     f"load average {config.reclock_load_at_start} at the tests' start, "
                                     f"{_load_average()} at their end")
+        for name, worker in sorted(_WORKERS.items()):
+            at = int(worker["ended"]) - int(started)
+            longest = ", ".join(f"{f.split('/')[-1]} {s:.0f} s" for f, s in worker["files"].most_common(3))
+            terminalreporter.write_line(f"make test: worker {name} ran {len(worker['files'])} files, "
+                                        f"{sum(worker['files'].values()):.0f} s of tests, its last ended "
+                                        f"{at // 60} min {at % 60} s after make started (longest: {longest})")

@@ -62,22 +62,29 @@ def as_of(spark, config, t) -> Counter:
 
 
 class Writer(threading.Thread):
-    """Small transactions on acct until stopped: updates and deletes of existing rows, inserts of new ones."""
+    """Small transactions on acct until stopped: updates and deletes of existing rows, inserts of new ones.
+    With ``slot``, it also stops ``after`` transactions once that slot exists: writes both before the slot's
+    consistent point (in the snapshot) and after it (decoded changes), without thousands more while a slow
+    machine lands the snapshot."""
 
-    def __init__(self, dsn):
+    def __init__(self, dsn, slot: str | None = None, after: int = 0):
         super().__init__(daemon=True)
         self.dsn, self.stop, self.done = dsn, threading.Event(), 0
+        self.slot, self.after, self.after_slot = slot, after, 0
 
     def run(self):
         with psycopg.connect(self.dsn, autocommit=True) as c:
             i = 0
-            while not self.stop.is_set():
+            while not self.stop.is_set() and (self.slot is None or self.after_slot < self.after):
                 i += 1
                 with c.transaction():
                     c.execute("UPDATE acct SET bal = bal + 1, note = 'w' || %s WHERE id = %s", (i, 1 + (i * 7919) % ROWS))
                     c.execute("DELETE FROM acct WHERE id = %s", (1 + (i * 104729) % ROWS,))
                     c.execute("INSERT INTO acct (id, bal, owner) VALUES (%s, %s, 'new')", (ROWS + i, i))
                 self.done += 1
+                if self.after_slot or (self.slot and c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
+                                                               (self.slot,)).fetchone()):
+                    self.after_slot += 1
                 time.sleep(0.005)
 
 
@@ -125,7 +132,7 @@ def test_snapshot_and_changes_are_the_tables_history(acct):
 
 def test_existing_rows_with_writes_during_the_snapshot(spark, acct):
     dsn, config = acct
-    writer = Writer(dsn)
+    writer = Writer(dsn, slot="s_acct", after=500)
     writer.start()
     try:
         started = time.monotonic()
@@ -134,7 +141,7 @@ def test_existing_rows_with_writes_during_the_snapshot(spark, acct):
     finally:
         writer.stop.set()
         writer.join()
-    assert writer.done > 0, "no write committed while the snapshot was taken"
+    assert writer.done > writer.after_slot > 0, "no write committed both before and after the slot was created"
     first = as_of(spark, config, 1_000)
     assert len(first) == sum(first.values()) and len({k[0] for k in first}) == len(first)  # one row per key
     assert len(first) >= ROWS - writer.done
