@@ -190,8 +190,10 @@ def copy_truncate_watched(fs, root, append, src):
     fs.pipe_file(f"{root}/app.log", b"")
 
 
-def delete_recreate(fs, root, append):
+def delete_recreate(fs, root, append, src):
+    """Deleted, then a run between (its tick and commit see the key empty), then a new file under the old name."""
     fs.rm_file(f"{root}/app.log")
+    src.commit(src.upper())
 
 
 @pytest.mark.parametrize("rotate, old_name, commit_first", [
@@ -209,7 +211,7 @@ def test_rotation_neither_duplicates_nor_skips(where, rotate, old_name, commit_f
     assert before == Frontier.of({old: len(OLD)})
     if commit_first:
         src.commit(before)
-    rotate(*(fs, root, append) + ((src,) if rotate is copy_truncate_watched else ()))
+    rotate(*(fs, root, append) + ((src,) if rotate in (copy_truncate_watched, delete_recreate) else ()))
     append("app.log", NEW)
     after = src.upper()
     assert after == Frontier.of({old: len(OLD), new: len(NEW)})
@@ -261,11 +263,18 @@ def test_same_fingerprint(where, options, outcome):
             "1,a", "2,b", "time,value", "time,value"]
 
 
-def test_overwritten_object_is_a_new_identity(where):
-    url, append, write, *_ = where
+OVERWRITTEN = r"file {} \(key 'a.log'\) was overwritten: .*committed up to byte offset 16.*move it to a new key"
+
+
+def test_overwritten_object_is_a_new_identity_on_a_disk_and_refused_on_an_object_store(where):
+    """Replaced with other first bytes: the old identity's lines not yet committed are lost (refused everywhere);
+    committed, a local disk reads the new file as a new partition (as rename rotation followed by deletion), and an
+    object store refuses the overwrite (this process or a fresh one) until the object moves to a new key; a key seen
+    empty by a run takes a new object."""
+    url, append, write, fs, root = where
     append("a.log", b"one\ntwo\n")
     src = FileSource(url)
-    one, uno = fp(b"one\n"), fp(b"uno\n")
+    one, uno, eins = fp(b"one\n"), fp(b"uno\n"), fp(b"eins\n")
     src.upper()
     write("a.log", b"uno\ndos\ntres\n")
     with pytest.raises(SourceError, match=rf"file {one} \(key 'a.log'\) disappeared with lines \[0, 8\) not yet "
@@ -273,9 +282,24 @@ def test_overwritten_object_is_a_new_identity(where):
         src.upper()
     write("a.log", b"one\ntwo\n")
     src.commit(src.upper())  # committed: the old identity may go
-    write("a.log", b"uno\ndos\ntres\n")
-    assert src.upper() == Frontier.of({one: 8, uno: 13}) and src.names() == {uno: "a.log"}
-    assert [d["line"] for d, _, _ in src.read(uno, 0, 13)] == ["uno", "dos", "tres"]
+    write("a.log", b"one\ntwo\nuno\ndos\n")  # extends what was read: the same identity, read on
+    src.commit(src.upper())
+    assert src.committed() == Frontier.of({one: 16})
+    write("a.log", b"uno\ndos\ntres\n")  # an object writer's "append" that dropped lines already read
+    if not src.object_store:
+        assert src.upper() == Frontier.of({one: 16, uno: 13}) and src.names() == {uno: "a.log"}
+        assert [d["line"] for d, _, _ in src.read(uno, 0, 13)] == ["uno", "dos", "tres"]
+        return
+    for source in (src, FileSource(url)):  # a fresh process knows the key from the commit file's names
+        with pytest.raises(SourceError, match=OVERWRITTEN.format(one)):
+            source.upper()
+    with pytest.raises(SourceError, match=OVERWRITTEN.format(one)):
+        src.commit(Frontier.of({one: 16}))
+    fs.mv(f"{root}/a.log", f"{root}/a.2.log")  # the way on the error says: a new key
+    assert src.upper() == Frontier.of({one: 16, uno: 13}) and src.names() == {uno: "a.2.log"}
+    src.commit(src.upper())  # this run saw a.log empty: it takes a new object
+    write("a.log", b"eins\n")
+    assert FileSource(url).upper() == Frontier.of({one: 16, uno: 13, eins: 5})
 
 
 def test_shrink_and_rewrite_detected(where):
@@ -313,7 +337,7 @@ def test_commit_round_trip_and_delete_committed(where):
     src.commit(up)
     doc = json.loads(fs.cat_file(f"{root}/{COMMITTED_NAME}"))
     assert doc == {"version": 2, "file_identity": "sha256:lines=1:skip=0", "committed": {a: 4, b: 4},
-                   "names": {a: "a.txt", b: "b.txt"}}  # identities, and the names they had
+                   "names": {b: "b.txt"}}  # identities, and the names they have (a.txt is deleted: a new key)
     assert not fs.exists(f"{root}/a.txt") and fs.exists(f"{root}/b.txt")  # b has a partial line
     fresh = FileSource(url)
     assert fresh.committed() == up
@@ -325,6 +349,8 @@ def test_commit_round_trip_and_delete_committed(where):
     assert src.committed() == up
     with pytest.raises(SourceError, match="cannot commit"):
         src.commit(Frontier.of({b: 9}))
+    append("a.txt", b"new\n")  # the key reclock emptied takes a new object, on an object store too
+    assert src.upper() == FileSource(url).upper() == Frontier.of({a: 4, b: 4, fp(b"new\n"): 4})
 
 
 @pytest.mark.parametrize("written, options, error", [
@@ -516,3 +542,29 @@ def test_status_the_page_and_the_tick_log_name_each_identity_by_its_file(tmp_pat
     assert f"app.log.1 ({A})" in table and f"app.log ({B})" in table
     assert f"app.log.1 ({A})" in render_page({"generated_at": 3_000, "config": config, "warehouse": "",
                                                       "error": None, "sources": [progress]})
+
+
+def test_a_tick_refuses_an_overwritten_object_and_binds_nothing(tmp_path):
+    """On an object store, an object rewritten whole with the lines read before and more (its first bytes
+    changed) is refused by the tick, which binds nothing: no line is published twice."""
+    import fsspec
+    from conftest import write_sources_config
+
+    from reclock import pipeline
+    from reclock.runtime import Runtime
+
+    url = f"memory://reclock-tick-{uuid.uuid4().hex}"
+    fs, root = fsspec.filesystem("memory"), url[len("memory:/"):]
+    fs.pipe_file(f"{root}/a.log", b"one\ntwo\n")
+    one = fp(b"one\n")
+    config = write_sources_config(tmp_path, ("objs", "files", {"url": url}))
+    try:
+        pipeline.tick("objs", config, now=1_000)
+        FileSource(url).commit(Frontier.of({one: 8}))  # what resume commits once it is published
+        fs.pipe_file(f"{root}/a.log", b"zero\none\ntwo\nthree\n")
+        with pytest.raises(SourceError, match=rf"file {one} \(key .a.log.\) was overwritten"):
+            pipeline.tick("objs", config, now=2_000)
+        with Runtime.of(config).source("objs", connect=False) as ctx:
+            assert ctx.tables.remap_upper() == 1_001 and ctx.tables.read_remap().frontier == Frontier.of({one: 8})
+    finally:
+        fs.rm(root, recursive=True)

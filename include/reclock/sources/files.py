@@ -34,11 +34,20 @@ shorter than it.  Consequences, with ``A`` a file's identity:
   or ``ignored_header_bytes`` (skip the common header) so they differ.  Changing either changes
   every identity: the setting is part of :meth:`FileSource.identity`, which remap records at
   its first tick, and a tick refuses an upstream whose identity changed;
-- an object overwritten with different first bytes (object stores replace whole objects) is a
-  new identity; the old one has *disappeared*: fine when it was committed up to its upper,
-  else "disappeared with lines [c, u) not yet committed" (those bound lines can no longer be
-  read exactly).  A fresh process does not remember uppers; there the tick's regression check
-  (an identity's upper below its bound offset) and the stage's read refuse the same loss.
+- a file replaced with different first bytes is a new identity; the old one has *disappeared*:
+  "disappeared with lines [c, u) not yet committed" when it was not committed up to its upper
+  (those bound lines can no longer be read exactly).  A fresh process does not remember uppers;
+  there the tick's regression check (an identity's upper below its bound offset) and the
+  stage's read refuse the same loss.  Committed up to its upper, on a local disk the new file is
+  a new partition (rename rotation followed by deletion looks the same);
+- on an object store (any filesystem but the local disk: ``s3://``, ``memory://``...), which
+  has no rename and replaces whole objects, a key whose last known identity ``A`` (this
+  process's last look, else the commit file's ``names``) is held by no object any more and
+  which now holds another identity ``B`` was *overwritten*, and is refused: the new object does
+  not extend what was read (that would keep ``A``'s first bytes), and lines it shares with
+  ``A`` would be published twice, so which of them are new only its writer knows.  A key seen
+  empty in between (a commit forgets identities held by no object: :meth:`FileSource.commit`),
+  or emptied by ``delete_committed``, takes a new object as a new file.
 
 Partitions are identities, so records carry no file name (a name column would break repeatable
 reads after a rename).  :meth:`FileSource.names` maps each identity to the file holding it now;
@@ -134,6 +143,8 @@ class FileSource:
             identity, fingerprint_lines, ignored_header_bytes)
         self.fs, root = url_to_fs(url, **self.storage_options)
         self.root = root.rstrip("/")
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.object_store = not protocols & {"file", "local"}  # no rename; an object is replaced whole
         self.committed_path = (self.fs._strip_protocol(committed_path) if committed_path
                                else posixpath.join(self.root, COMMITTED_NAME))
         self._seen: dict[str, tuple[int, int, bytes, str]] = {}  # identity -> (size, upper, tail bytes, key)
@@ -244,9 +255,11 @@ class FileSource:
 
     def upper(self) -> Frontier:
         """Per identity: the byte offset just past its last complete line, in the file holding it now."""
-        committed, listing = self.committed(), self._listing()
+        doc = self._commit_doc()
+        committed, listing = committed_of(doc, self.committed_path), self._listing()
         uppers, names, seen = {}, {}, {}
-        for ident, holders in self._holders(listing).items():
+        found = self._holders(listing)
+        for ident, holders in found.items():
             key = self._choose(ident, holders, listing)
             size = holders[key]
             known = max(committed[ident], self._seen.get(ident, (0,))[0])
@@ -259,8 +272,26 @@ class FileSource:
             if ident not in uppers and upper > committed[ident]:
                 raise SourceError(f"{self._where(ident, key)} disappeared with lines [{committed[ident]}, "
                                   f"{upper}) not yet committed")
+        if self.object_store and self.identity_mode == "fingerprint":
+            self._refuse_overwritten(found, {**doc.get("names", {}), **{i: s[3] for i, s in self._seen.items()}},
+                                     committed)
         self._seen, self._names = seen, names  # only once every check passed: a refused look changes nothing
         return Frontier.of(uppers).join(committed)  # released identities stay at their committed upper
+
+    def _refuse_overwritten(self, found: Mapping[str, Mapping[str, int]], last: Mapping[str, str],
+                            committed: Frontier) -> None:
+        """An object store's key whose last known identity (``last``: identity -> key) is held by no object now, and
+        which holds another identity, was overwritten: refused (module docstring)."""
+        now = {key: ident for ident, holders in found.items() for key in holders}
+        for old, key in sorted(last.items()):
+            if old not in found and now.get(key, old) != old:
+                raise SourceError(
+                    f"{self._where(old, key)} was overwritten: the object now holds other first bytes (file "
+                    f"{now[key]}) and no object holds file {old} (committed up to byte offset {committed[old]}). "
+                    f"An object store replaces whole objects, so which of its lines are new cannot be told, and lines "
+                    f"it shares with file {old} would be published twice; write new lines under new keys. To go on: "
+                    f"if every line of {key!r} is new, move it to a new key (it is read as a new file); if it repeats "
+                    f"lines already read, write only the new ones to a new key and delete {key!r}")
 
     def names(self) -> dict[str, str]:
         """``{identity: key}``: the file holding each partition now (a fresh :meth:`upper`)."""
@@ -385,18 +416,22 @@ class FileSource:
         if not merged.less_equal(current) or not all(isinstance(p, str) for p in frontier.partitions):
             raise SourceError(f"cannot commit {frontier}: partitions must be identity strings, uppers within "
                               f"{current}")
+        doomed = {}  # with delete_committed: key -> identity of the objects wholly below the merged frontier
+        if self.delete_committed:
+            for ident, holders in self._holders(self._listing()).items():
+                doomed.update({key: ident for key, size in holders.items() if size <= merged[ident]})
         if self.identity_mode == "name":
             write_committed(self.fs, self.committed_path, merged.as_dict())
         else:
-            names = {**doc.get("names", {}), **{i: k for i, k in self._names.items() if i in merged.partitions}}
+            # the key of each identity an object holds now (and not deleted below): an identity held by no object
+            # is forgotten, so its key may take a new object (current = upper() refused an overwrite already)
+            names = {i: k for i, k in self._names.items() if k not in doomed}
             write_committed(self.fs, self.committed_path, merged.as_dict(), version=2, file_identity=self.scheme,
                             names=names)
-        if self.delete_committed:
-            listing = self._listing()
-            for ident, holders in self._holders(listing).items():
-                for key, size in holders.items():
-                    if size <= merged[ident]:
-                        self.fs.rm_file(self._path(key))
+        for key, ident in doomed.items():
+            self.fs.rm_file(self._path(key))
+            if self._seen.get(ident, (None,) * 4)[3] == key:
+                del self._seen[ident]  # released and deleted here: its key may take a new object
 
     def close(self) -> None:
         """Nothing to release (fsspec filesystems hold no per-source connections)."""
