@@ -108,10 +108,6 @@ def report_of(subject: str, rows: int, runs: Sequence[_Ran]) -> CheckReport:
     return CheckReport(subject, rows, tuple(results), tuple(ran.run.page for ran in runs if ran.run.page))
 
 
-def element_count(ran: _Ran) -> int:
-    return max((r.result.get("element_count") or 0 for r in ran.run.results), default=0)
-
-
 def _error(info: dict) -> str | None:
     """The exception message(s) GX caught: ``exception_info`` is flat, or keyed by metric when a metric failed."""
     infos = [info] if "raised_exception" in info else list(info.values())

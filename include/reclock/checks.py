@@ -25,8 +25,10 @@ What GX validates is small:
   order once they are valid encodings (an invalid one is ``beyond``, as the engine cannot read it);
 * ``reclocked_keys``: the batch's ``(partition, offset)`` counted in Spark, per partition the records whose
   key is not unique (sources with one record per offset);
-* ``history`` / ``primary_key``: Spark DataFrames of what the batch touches, consolidated in Spark (GX's Spark
-  engine computes their metrics).
+* ``history`` / ``primary_key``: what the batch touches, consolidated in Spark over the published history and
+  the batch (per content, or per table and primary key: its multiplicity and where the batch last changed it),
+  then counted per ``partition``: the contents and the offending ones (multiplicity below 0; above 1).  GX
+  validates those few rows; the offending contents themselves are read only when the check fails, to name them.
 
 A failed check names the records that break it: up to 5 ``(partition, offset, into_time)`` in its sample.
 """
@@ -37,8 +39,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from . import offsets
-from .check_report import (SAMPLE, CheckReport, CheckResult, ChecksFailed, Named, element_count, plain, report_of,
-                           run_suite)
+from .check_report import SAMPLE, CheckReport, CheckResult, ChecksFailed, Named, plain, report_of, run_suite
 from .engine import Frontier, Remap
 
 # --- the checks ------------------------------------------------------------------------------
@@ -171,10 +172,11 @@ def check_consolidated(published, staged, content: list[str], label=None, *, gx=
     them (``partition``, ``offset``, and ``label``: a Column spelling the offset as the source does, e.g. a
     Postgres LSN).
     """
+    from pyspark.sql import functions as F
+
     consolidated, index = _consolidated(published, staged, content, label)
-    run = run_suite(gx, "history", consolidated, index, {})
-    consolidated.unpersist()  # GX caches the batch while computing its metrics
-    return report_of("reclocked history", element_count(run), [run])
+    return _check_offending(gx, "history", "reclocked history", "reclocked.consolidates", consolidated, index,
+                            F.col("multiplicity") < 0)
 
 
 PRIMARY_KEY_UNIQUE = "reclocked.primary_key_unique"
@@ -200,11 +202,29 @@ def check_primary_keys(published, staged, primary_keys: Mapping[str, Sequence[st
         return CheckReport(subject, 0, (CheckResult(
             PRIMARY_KEY_UNIQUE, "expect_column_values_to_be_between", False, description,
             error="no primary keys were recorded with the staged batch: stage it again"),))
+    from pyspark.sql import functions as F
+
     consolidated, index = _consolidated(_with_primary_key(published, primary_keys),
                                         _with_primary_key(staged, primary_keys), ["table", "key"], label)
-    run = run_suite(gx, "primary_key", consolidated, index, {})
-    consolidated.unpersist()  # GX caches the batch while computing its metrics
-    return report_of(subject, element_count(run), [run])
+    return _check_offending(gx, "primary_key", subject, PRIMARY_KEY_UNIQUE, consolidated, index,
+                            F.col("multiplicity") > 1)
+
+
+def _check_offending(gx, kind: str, subject: str, check: str, consolidated, index: list[str], offends) -> CheckReport:
+    """Suite ``kind`` on ``consolidated`` (Spark: a row per content) counted per ``partition`` in one aggregate:
+    ``contents`` and ``offending`` (the rows where ``offends``); a failure names up to :data:`SAMPLE` offending
+    rows (``index`` columns and ``multiplicity``), read from ``consolidated`` only then."""
+    from pyspark.sql import functions as F
+
+    frame = _small_frame(consolidated.groupBy("partition").agg(
+        F.count(F.lit(1)).alias("contents"), F.sum(offends.cast("long")).alias("offending")))
+
+    def named(counted: pd.DataFrame) -> tuple[int, list]:
+        rows = consolidated.where(offends).orderBy(*index).limit(SAMPLE).collect()
+        return int(counted["offending"].sum()), [{c: r[c] for c in [*index, "multiplicity"]} for r in rows]
+
+    run = run_suite(gx, kind, frame, ["partition"], {}, {check: named})
+    return report_of(subject, int(frame["contents"].sum()) if len(frame) else 0, [run])
 
 
 def _with_primary_key(df, primary_keys: Mapping[str, Sequence[str]]):

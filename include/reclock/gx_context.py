@@ -12,7 +12,7 @@ with each run.  The repository is never written by a run: each source has its ow
 which :func:`open_context` makes a GX *file* Data Context: ``great_expectations.yml`` copied once from the
 project, each suite copied from it again whenever the repository's changed (the repository stays their source
 of truth), and per check kind a validation definition and a checkpoint named ``<source>.<kind>`` (saved once,
-and again only when stale) on a whole dataframe batch (pandas for small frames, Spark for the consolidated histories).  A run stores its validation
+and again only when stale) on a whole dataframe batch (pandas: every check validates a small frame of aggregates).  A run stores its validation
 result in GX's validation results store (``uncommitted/validations/``), and the Data Docs site
 (``uncommitted/data_docs/local_site/index.html``) gets the run's page and a new index: after each run, or once
 for all the runs of a block :meth:`Context.docs_once` (a check step's runs: GX renders the index, compiling its
@@ -153,7 +153,8 @@ class Context:
             name=name, validation_definitions=[definition], result_format=result_format, actions=[]))
 
     def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> Run:
-        """Validate ``frame`` (pandas, or Spark for history/primary_key) against suite ``kind`` with ``params``."""
+        """Validate ``frame`` (pandas; a Spark DataFrame runs on GX's Spark engine) against suite ``kind`` with
+        ``params``."""
         import pandas as pd
 
         engine = "pandas" if isinstance(frame, pd.DataFrame) else "spark"
