@@ -438,3 +438,46 @@ def test_a_half_written_context_is_made_again(tmp_path, caplog):
     assert "config is made again" in caplog.text and "checkpoint orders.remap unreadable" in caplog.text
     assert check_remap(remap_frame(extra=[(1, 20, -1)]), gx=gx_context.Context(str(root), "orders")).failed == [
         "remap.monotone"]
+
+
+@pytest.mark.slow
+def test_an_idle_run_passes_its_checks_without_validating(spark, tmp_path, monkeypatch):
+    """A run with no new records, after a check that passed on the same remap, records its check as passed without
+    validating (no GX context opened); publish goes on from that record.  A remap the last check did not pass on, a
+    window with records, or a failed last check is validated in full."""
+    from conftest import write_sources_config
+
+    from reclock import check_log, gx_context, pipeline
+    from reclock.runtime import Runtime
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_bytes(b"one\ntwo\n")
+    config = write_sources_config(tmp_path, ("web", "files", {"url": str(logs)}), retention_ms=10**9)  # no compaction
+    runtime = Runtime.of(config, spark)
+    pipeline.run_once("web", runtime, now=1_000)  # validated: records
+    opened = []
+    monkeypatch.setattr(gx_context, "open_context", lambda *a: opened.append(a) or pytest.fail("GX context opened"))
+    done = pipeline.run_once("web", runtime, now=2_000)  # idle: nothing validated
+    assert "nothing to validate" in done["check"]["reclocked"] and "unchanged since" in done["check"]["remap"]
+    with runtime.source("web", connect=False) as ctx:
+        last = check_log.read(ctx.tables.uri)
+        assert last["success"] and last["window"] == [1_001, 2_000] and ctx.tables.reclocked_upper() == 2_001
+    assert pipeline.check("web", runtime)["remap"].startswith("remap")  # nothing pending: the same
+    monkeypatch.undo()
+
+    (logs / "a.log").write_bytes(b"one\ntwo\nthree\n")
+    with pytest.raises(pytest.fail.Exception, match="GX context opened"):  # records: validated
+        monkeypatch.setattr(gx_context, "open_context", lambda *a: pytest.fail("GX context opened"))
+        pipeline.run_once("web", runtime, now=3_000)
+    monkeypatch.undo()
+    pipeline.run_once("web", runtime, now=3_000, steps=("check", "publish"))
+    with runtime.source("web", connect=False) as ctx:  # a failed last check: the idle run validates again
+        check_log.write(ctx.tables.uri, {**check_log.read(ctx.tables.uri), "success": False})
+    calls = []
+    real = gx_context.open_context
+    monkeypatch.setattr(gx_context, "open_context", lambda *a: calls.append(a) or real(*a))
+    pipeline.run_once("web", runtime, now=4_000)
+    assert len(calls) == 1
+    pipeline.run_once("web", runtime, now=5_000)  # and then, passed on this remap, it need not
+    assert len(calls) == 1

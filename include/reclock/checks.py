@@ -77,6 +77,25 @@ def check_remap(remap_rows: pd.DataFrame, since: int = 0, upstreams: Mapping[int
     return report_of(f"remap ({len(times)} bindings)", len(df), [run])
 
 
+def remap_digest(remap_rows: pd.DataFrame, since: int, upstreams: Mapping[int, Frontier] | None) -> str:
+    """What :func:`check_remap` decides on, as one sha256: the stored rows (as a multiset), ``since``, the upstream
+    uppers recorded at the rows' IntoTimes (as folded at ``since``: the only ones it reads; an idle tick records
+    one at a time without rows) and the project's remap suite.  Equal digests get equal outcomes, so a remap whose
+    check passed need not be validated again while its digest stays (an idle source's runs:
+    :func:`reclock.pipeline.check`)."""
+    import hashlib
+    import importlib.resources
+    import json
+
+    digest = hashlib.sha256((importlib.resources.files("reclock") / "gx" / "expectations" / "remap.json").read_bytes())
+    rows = sorted(map(repr, remap_rows[["partition", "into_time", "increment"]].itertuples(index=False, name=None)))
+    times = remap_rows["into_time"].mask(remap_rows["into_time"].between(0, since, inclusive="left"), since)
+    read = {int(t) for t in times.dropna()}
+    ups = sorted((repr(t), json.dumps(f.as_json(), sort_keys=True)) for t, f in (upstreams or {}).items() if t in read)
+    digest.update(json.dumps([since, rows, ups]).encode())
+    return digest.hexdigest()
+
+
 def _upstream_excess(df: pd.DataFrame, upstreams: Mapping[int, Frontier]) -> pd.Series:
     """Per row: the partition's bound offset at the row's binding minus the upstream's upper recorded then
     (None where no upper was recorded); exact Python ints, so big offsets compare exactly."""
@@ -417,4 +436,4 @@ def _duplicate_keys(batch, keys: pd.DataFrame) -> Named:
 
 
 __all__ = ["PRIMARY_KEY_UNIQUE", "CheckReport", "CheckResult", "ChecksFailed", "check_consolidated", "check_dead_letters",
-           "check_primary_keys", "check_reclocked", "check_remap"]
+           "check_primary_keys", "check_reclocked", "check_remap", "remap_digest"]

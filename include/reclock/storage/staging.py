@@ -120,6 +120,14 @@ class StagingTables(Tables):
         _, attempt = self._attempts(fs, upto)
         return footer_rows(fs, parquet_files(fs, attempt))
 
+    def staged_dead_letter_rows(self, upto: int) -> int | None:
+        """The dead letters of the latest complete staged attempt for ``upto``, from their files' footers; None when
+        it has none staged (``on_bad_record: fail``)."""
+        fs = self._fs()
+        _, attempt = self._attempts(fs, upto)
+        files = self._staged_dead_letter_files(fs, attempt)
+        return None if files is None else footer_rows(fs, files)
+
     def read_staged_spark(self, upto: int, spark=None):
         """The latest complete staged attempt for ``upto`` as a Spark DataFrame (read with ``spark``, default the
         tables' session)."""
