@@ -19,7 +19,7 @@ from .engine.upstream import (clip_ranges, identity_problems, lost_problems, tic
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Snapshotting, SourceError, TableColumns,
                            Truncating, identity_of, offers, released_frontier, starting_frontier)
-from .storage import ConcurrentWriteError, SourceTables, UpstreamRecord, WarehouseError
+from .storage import ConcurrentWriteError, SourceTables, UpstreamRecord
 
 log = logging.getLogger("reclock")
 
@@ -334,12 +334,13 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
     too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
 
-    An idle source's run validates nothing and does not import GX (:func:`_idle_check`): when the remap is the
+    An idle source's run validates nothing and does not import GX (:func:`reclock.check_step.idle_check`): when the remap is the
     one the last check passed on (:func:`reclock.checks.remap_digest`) and the window holds no record and no dead
     letter, every expectation would pass again (each is per row, and there is none), so the run is recorded as
     passed, reusing that remap report.
     """
     from . import check_log
+    from .check_step import check_batch, idle_check
     from .checks import check_remap, remap_digest
 
     runtime = Runtime.of(runtime, spark)
@@ -348,7 +349,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
         remap_rows, upstreams = ctx.tables.remap_frame(), ctx.tables.recorded_upstreams()
         window = staged_window(remap, ctx.tables)
         digest = remap_digest(remap_rows, remap.since, upstreams)
-        if (idle := _idle_check(name, ctx, remap, window, digest)) is not None:
+        if (idle := idle_check(name, ctx, remap, window, digest)) is not None:
             return idle
         from .gx_context import open_context  # GX takes seconds to import: only a check that validates does
 
@@ -358,7 +359,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
                 with published_meanwhile(name, ctx, window[1], "check") as raced:
-                    results.update(_check_batch(ctx, remap, window, gx))
+                    results.update(check_batch(ctx, remap, window, gx))
                 if raced.by_another_run:  # its batch was checked by the run that published it
                     results = {"remap": results["remap"]}
                     window = None
@@ -371,61 +372,6 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     for report in results.values():
         report.raise_for_failure()
     return {k: v.summary() for k, v in results.items()}
-
-
-def _idle_check(name: str, ctx: SourceContext, remap: Remap, window: tuple[int, int] | None,
-                digest: str) -> dict | None:
-    """The check of an idle source's run, recorded without validating (:func:`check`); None when it must validate:
-    the last check failed or saw another remap, or the window has records or dead letters (or is not staged, or a
-    source with primary keys staged it without them: the full check says so)."""
-    from . import check_log
-    from .check_report import CheckReport, CheckResult
-
-    last = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
-    if not (last.get("success") and last.get("remap_digest") == digest and "remap" in last.get("reports", {})):
-        return None
-    if window is not None:
-        try:
-            if ctx.tables.staged_rows(window[1]) or ctx.tables.staged_dead_letter_rows(window[1]):
-                return None
-            if offers(ctx.source, PrimaryKeys) and (ctx.tables.staged_metadata(window[1]) or {}).get(
-                    "primary_keys") is None:
-                return None
-        except WarehouseError:
-            return None
-    passed = last["reports"]["remap"]
-    results = {"remap": CheckReport(f"{passed['subject']}, unchanged since the check at {last['checked_at']}",
-                                    passed["rows"], tuple(CheckResult(**r) for r in passed["results"]))}
-    if window is not None:
-        results["reclocked"] = CheckReport(f"reclocked batch of IntoTimes {window[0]}..{window[1]}: no records and no "
-                                           "dead letters, nothing to validate", 0, ())
-    check_log.record(ctx.tables, name, results, window, remap.upper, docs=last.get("data_docs"), remap_digest=digest)
-    log.info("%s: checks passed without validating: remap unchanged since the check at %d, %s", name,
-             last["checked_at"], "nothing pending" if window is None else f"IntoTimes {window[0]}..{window[1]} empty")
-    return {k: v.summary() for k, v in results.items()}
-
-
-def _check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
-    """The checks of the staged batch of ``window`` (Spark DataFrames of the staged Parquet files)."""
-    from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked
-    from .spark.labels import offset_label
-
-    start, upto = window
-    batch = ctx.tables.read_staged_spark(upto)
-    results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx,
-                                            empty=ctx.tables.staged_rows(upto) == 0)}
-    if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
-        results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
-    if not ctx.config.offsets_unique:  # records are diffs
-        label = offset_label(ctx.config.kind)
-        published = ctx.tables.read_reclocked_spark()
-        results["history"] = check_consolidated(
-            published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
-            label, gx=gx)
-        if offers(ctx.source, PrimaryKeys):
-            keys = (ctx.tables.staged_metadata(upto) or {}).get("primary_keys")
-            results["primary_key"] = check_primary_keys(published, batch, keys, label, gx=gx)
-    return results
 
 
 def publish(name: str, runtime: Where = None, spark=None) -> dict:

@@ -1,0 +1,73 @@
+"""The check step's two paths (:func:`reclock.pipeline.check` chooses): an idle run's record, made without validating
+(:func:`idle_check`), and the checks of a staged batch (:func:`check_batch`).
+
+An idle run needs no validation when the remap is the one the last check passed on (equal
+:func:`reclock.checks.remap_digest`: equal outcomes) and its window holds no record and no dead letter: every
+expectation is per row, and there is none, so each would pass again.
+"""
+from __future__ import annotations
+
+import logging
+
+from .engine import Remap
+from .runtime import SourceContext
+from .sources.base import PrimaryKeys, offers
+from .storage import WarehouseError
+
+log = logging.getLogger("reclock")
+
+
+def idle_check(name: str, ctx: SourceContext, remap: Remap, window: tuple[int, int] | None,
+                digest: str) -> dict | None:
+    """The check of an idle source's run, recorded without validating (module docstring); None when it must
+    validate: the last check failed or saw another remap, or the window has records or dead letters (or is not
+    staged, or a source with primary keys staged it without them: the full check says so)."""
+    from . import check_log
+    from .check_report import CheckReport, CheckResult
+
+    last = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
+    if not (last.get("success") and last.get("remap_digest") == digest and "remap" in last.get("reports", {})):
+        return None
+    if window is not None:
+        try:
+            if ctx.tables.staged_rows(window[1]) or ctx.tables.staged_dead_letter_rows(window[1]):
+                return None
+            if offers(ctx.source, PrimaryKeys) and (ctx.tables.staged_metadata(window[1]) or {}).get(
+                    "primary_keys") is None:
+                return None
+        except WarehouseError:
+            return None
+    passed = last["reports"]["remap"]
+    results = {"remap": CheckReport(f"{passed['subject']}, unchanged since the check at {last['checked_at']}",
+                                    passed["rows"], tuple(CheckResult(**r) for r in passed["results"]))}
+    if window is not None:
+        results["reclocked"] = CheckReport(f"reclocked batch of IntoTimes {window[0]}..{window[1]}: no records and no "
+                                           "dead letters, nothing to validate", 0, ())
+    upper = remap.upper if window is None else remap.until(window[1] + 1).upper  # as the full check records it
+    check_log.record(ctx.tables, name, results, window, upper, docs=last.get("data_docs"), remap_digest=digest)
+    log.info("%s: checks passed without validating: remap unchanged since the check at %d, %s", name,
+             last["checked_at"], "nothing pending" if window is None else f"IntoTimes {window[0]}..{window[1]} empty")
+    return {k: v.summary() for k, v in results.items()}
+
+
+def check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
+    """The checks of the staged batch of ``window`` (Spark DataFrames of the staged Parquet files)."""
+    from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked
+    from .spark.labels import offset_label
+
+    start, upto = window
+    batch = ctx.tables.read_staged_spark(upto)
+    results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx,
+                                            empty=ctx.tables.staged_rows(upto) == 0)}
+    if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
+        results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
+    if not ctx.config.offsets_unique:  # records are diffs
+        label = offset_label(ctx.config.kind)
+        published = ctx.tables.read_reclocked_spark()
+        results["history"] = check_consolidated(
+            published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
+            label, gx=gx)
+        if offers(ctx.source, PrimaryKeys):
+            keys = (ctx.tables.staged_metadata(upto) or {}).get("primary_keys")
+            results["primary_key"] = check_primary_keys(published, batch, keys, label, gx=gx)
+    return results
