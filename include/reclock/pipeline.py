@@ -334,10 +334,10 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
     too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
 
-    An idle source's run validates nothing and does not import GX (:func:`reclock.check_step.idle_check`): when the remap is the
-    one the last check passed on (:func:`reclock.checks.remap_digest`) and the window holds no record and no dead
-    letter, every expectation would pass again (each is per row, and there is none), so the run is recorded as
-    passed, reusing that remap report.
+    An idle source's run validates nothing and does not import GX (:func:`reclock.check_step.idle_check`): when
+    the remap is the one the last check passed on (:func:`reclock.checks.remap_digest`) and the window holds no
+    record and no dead letter, every expectation would pass again (each is per row, and there is none), so the
+    run is recorded as passed, reusing that remap report.
     """
     from . import check_log
     from .check_step import check_batch, idle_check
