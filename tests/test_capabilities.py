@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 
 from reclock.sources import source_class
-from reclock.sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Snapshotting, TableColumns, Truncating,
-                                 offers)
+from reclock.sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Retiring, Snapshotting, TableColumns,
+                                 Truncating, offers)
 
-CAPABILITIES = (Snapshotting, LandsTicks, Truncating, TableColumns, PrimaryKeys, NamedPartitions)
+CAPABILITIES = (Snapshotting, LandsTicks, Truncating, TableColumns, PrimaryKeys, NamedPartitions, Retiring)
 
 #: kind -> the capabilities its class offers (a Postgres source's ``snapshot`` is also an option of each source).
 OFFERED = {
     "kafka": set(),
-    "files": {NamedPartitions},
+    "files": {NamedPartitions, Retiring},
     "cdcv2": set(),
     "kinesis": {LandsTicks},
     "postgres": {Snapshotting, Truncating, TableColumns, PrimaryKeys},

@@ -320,6 +320,31 @@ def test_released_by(bound, upper, released, same, lost_below):
         Frontier.of(lost_below)
 
 
+@pytest.mark.parametrize("at_since, bound, committed, held, retired", [
+    ({"a": 10, "b": 4}, {"a": 10, "b": 4}, {"a": 10, "b": 4}, {"b"}, {"a": 10}),  # a ended and is gone; b held
+    ({"a": 10}, {"a": 12}, {"a": 12}, set(), {}),  # a moved after since: its last records are not folded yet
+    ({"a": 10}, {"a": 10}, {"a": 7}, set(), {}),  # not committed whole: bound records not yet published
+    ({"a": 10}, {"a": 10}, {"a": 10}, {"a"}, {}),  # still held (a file read whole and kept): live
+    ({}, {"a": 3}, {"a": 3}, set(), {}),  # bound after since only
+])
+def test_retirable(at_since, bound, committed, held, retired):
+    assert upstream.retirable(Frontier.of(at_since), Frontier.of(bound), Frontier.of(committed), held) == \
+        Frontier.of(retired)
+
+
+@pytest.mark.parametrize("upper, retired, seen, problems", [
+    ({"a": 10, "b": 4}, {"a": 10}, {"b": 4}, []),  # a retired file back unchanged: hidden
+    ({"a": 6, "b": 4}, {"a": 10}, {"b": 4}, []),  # a shorter copy of it: hidden
+    ({"a": 12}, {"a": 10}, None, ["partition 'a' was retired at offset 10 (read whole, gone upstream, compacted) and "
+                                  "is back with records up to 12"]),
+    ({"b": 4}, {}, {"b": 4}, []),
+])
+def test_a_retired_partition_is_hidden_upstream(upper, retired, seen, problems):
+    assert upstream.back_problems(Frontier.of(upper), Frontier.of(retired)) == problems
+    if seen is not None:
+        assert upstream.live(Frontier.of(upper), Frontier.of(retired)) == Frontier.of(seen)
+
+
 @pytest.mark.parametrize("recorded, identity, bound, upper, problems", [
     ({"id": "a"}, {"id": "b"}, {0: 30}, {0: 40}, ["id was 'a' when remap's epoch began, now 'b'"]),
     ({"id": "a"}, {"id": "a"}, {0: 30}, {0: 3}, []),  # the same topic, truncated: not another stream

@@ -284,6 +284,69 @@ def test_files_rotation_end_to_end(spark, tmp_path):
     assert set(assert_resumed("logs", config).partitions) == {r["partition"] for r in rows}  # commit by identity
 
 
+def test_files_rotated_away_are_retired(spark, tmp_path):
+    """A log rotated 20 times, twice between runs, as logrotate with ``rotate 2`` does (app.log.2 deleted, app.log.1
+    renamed app.log.2, app.log renamed app.log.1; the writer appends to the renamed file before it reopens):
+    compaction retires each deleted file once read whole, so remap's frontier keeps the live files only (2) and the
+    commit file forgets the retired; every line is published once.  A retired file back unchanged binds nothing;
+    back with new lines it is refused, and so is a replay of the folded binding at since (it would need the
+    deleted files)."""
+    from reclock.backfill import BackfillError, replay
+
+    root = tmp_path / "in"
+    root.mkdir()
+    config = write_sources_config(tmp_path, ("logs", "files", {"url": str(root), "pattern": "app.log*"}),
+                                  retention_ms=500)
+    lines, n, deleted, results = [], 0, None, []
+
+    def append(key, count):
+        nonlocal n
+        with open(root / key, "a") as f:
+            for _ in range(count):
+                f.write(f"line {n} of {key}\n")
+                lines.append(f"line {n} of {key}")
+                n += 1
+
+    def rotate():
+        nonlocal deleted
+        if (root / "app.log.2").exists():
+            deleted = (root / "app.log.2").read_bytes()
+            (root / "app.log.2").unlink()
+        if (root / "app.log.1").exists():
+            (root / "app.log.1").rename(root / "app.log.2")
+        (root / "app.log").rename(root / "app.log.1")
+        append("app.log.1", 1)  # the writer has not reopened yet
+
+    for k in range(1, 11):
+        for _ in range(2):
+            append("app.log", 3)
+            rotate()
+        results.append(pipeline.run_once("logs", config, spark, now=1_000 * k))
+    results.append(pipeline.run_once("logs", config, spark, now=11_000))
+
+    with runtime.open_source("logs", config) as ctx:
+        remap, record = ctx.tables.read_remap(), ctx.tables.upstream_record()
+        held = set(ctx.source.held_partitions())
+        assert set(remap.frontier.partitions) == held and len(held) == 2  # app.log.1 and app.log.2
+        assert len(record.retired.partitions) == 18 and not held & set(record.retired.partitions)
+        assert set(ctx.tables.remap_frame()["partition"]) == held  # their rows are gone from remap too
+        assert set(ctx.upstream.committed().partitions) == held  # resume commits remap's frontier: the retired
+        since = remap.since                                           # forgotten
+    assert [result["compact"]["retired"] for result in results] == [0] + [2] * 9 + [0]  # each run retires the two files deleted since the last
+    rows = reclocked("logs", config)
+    assert Counter(r["line"] for r in rows) == Counter(lines) and all(r["diff"] == 1 for r in rows)
+    assert len({r["partition"] for r in rows}) == 20  # the published rows of retired files stay
+
+    (root / "app.log.old").write_bytes(deleted)  # a retired file back, unchanged: nothing to bind
+    assert pipeline.tick("logs", config, now=12_000)["new_offsets"] == 0
+    with open(root / "app.log.old", "ab") as f:
+        f.write(b"one more\n")
+    with pytest.raises(SourceError, match=r"was retired at offset \d+ .* and is back with records up to"):
+        pipeline.tick("logs", config, now=13_000)
+    with pytest.raises(BackfillError, match="partitions retired"):
+        replay("logs", config, since, since, spark)
+
+
 def test_files_bad_line_fails_or_is_dead_lettered(spark, tmp_path):
     """A line not valid utf-8 stops staging by default, naming file and byte offset; with on_bad_record:
     dead_letter the tick goes on: the good lines are published, the bad one is bound like them and is in

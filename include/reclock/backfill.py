@@ -27,6 +27,9 @@ naming the source and the window, before anything is read or written):
   compaction does; so it needs upstream to still hold everything from offset 0.  Published
   rows still below ``since`` (a compaction interrupted before it consolidated the reclocked
   table) are read as if at ``since``, as compaction will leave them;
+* **not retired**: a window starting at ``since`` is refused once compaction retired a partition (a file read
+  whole and deleted, :mod:`reclock.engine.upstream`): the folded binding holds its records, which cannot be read
+  again;
 * **still held upstream**: the window reads, per partition, from the frontier of the binding
   before it (``remap[start - 1]``).  If upstream already released records at or beyond that
   point in a partition the window reads, it is refused.  What is released is the source's
@@ -111,7 +114,12 @@ def plan(ctx: SourceContext, name: str, start: int, end: int) -> Window:
     record = ctx.tables.upstream_record() or UpstreamRecord(Frontier(), None)  # history begins at its start
     if problem := replay_problem(start, remap.since, record.began_at):  # after a new epoch
         raise BackfillError(f"{where}: {problem}")
-    ctx.base = record.base
+    if start <= remap.since and record.retired.partitions:
+        raise BackfillError(f"{where}: the binding at since = {remap.since} folds the records of partitions retired "
+                            f"since (read whole and gone upstream: {', '.join(map(str, record.retired.partitions[:5]))}"
+                            f"{' ...' if len(record.retired.partitions) > 5 else ''}), which cannot be read again; "
+                            f"start the window after {remap.since}")
+    ctx.base, ctx.retired = record.base, record.retired
     ranges = clip_ranges([r for r in remap.ranges(start) if r.into_time <= end and r.start < r.end], record.start)
     if ranges and (other := identity_problems(record.identity, identity_of(ctx.source))):
         raise BackfillError(f"{where}: the upstream its records were bound from was replaced: {'; '.join(other)} "

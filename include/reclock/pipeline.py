@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from . import points
 from .clock import now_ms
 from .engine import Frontier, Remap, offset_resumption_frontier, timestamp_resumption_frontier
+from .compact_step import prune_landing, retire
 from .engine.upstream import (clip_ranges, identity_problems, lost_problems, tick_problems, to_upstream)
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Snapshotting, SourceError, TableColumns,
@@ -48,7 +49,7 @@ def _tick_once(name: str, ctx: SourceContext, now: int | None) -> dict:
     remap = ctx.tables.read_remap()
     landed = _land_initial_snapshot(name, ctx, remap)
     record = upstream_record_of(name, ctx, remap)
-    ctx.base = record.base  # the upstream in the gauge of the epoch this tick checked it against
+    ctx.base, ctx.retired = record.base, record.retired  # the upstream as of the record this tick checks
     landed = _land_tick(name, ctx, remap, record, landed)
     frontier = ctx.source.upper().join(landed)  # landed partitions are held here, whatever upstream does
     problems = tick_problems(remap.frontier, record.start, frontier, released_frontier(ctx.source),
@@ -288,7 +289,7 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             return {"staged_rows": 0, "upto": remap.upper - 1}
         start, upto = window
         record = ctx.tables.upstream_record() or UpstreamRecord(Frontier(), None)
-        begins, ctx.base = record.start, record.base
+        begins, ctx.base, ctx.retired = record.start, record.base, record.retired
         if lost := lost_problems(published_frontier(remap, ctx.tables), begins, released_frontier(ctx.source)):
             raise SourceError(f"{name}: bindings {start}..{upto} need records the upstream no longer holds (retention "
                               "overtook them before they were published): " + "; ".join(lost)
@@ -438,21 +439,8 @@ def compact(name: str, runtime: Where = None, now: int | None = None, spark=None
         except ConcurrentWriteError as e:  # a racing tick or compaction: nothing lost, the next run compacts
             log.warning("%s: compaction to %d lost a race (%s); the next compaction goes on", name, since, e)
             return {"since": ctx.tables.since(), "compacted": False, "raced": str(e)}
-        return {"since": since, "compacted": True, "landing_files_pruned": _prune_landing(name, ctx)}
-
-
-def _prune_landing(name: str, ctx: SourceContext) -> int:
-    """Prune the landing below ``remap[since]`` (:meth:`reclock.storage.LandingTables.prune_landed`: a landing
-    source's stays bounded); the files removed.  A racing prune is logged, and the next compaction prunes."""
-    remap = ctx.tables.read_remap()
-    try:
-        removed = ctx.tables.prune_landed(remap.at(remap.since))
-    except ConcurrentWriteError as e:
-        log.warning("%s: pruning the landing lost a race (%s); the next compaction prunes", name, e)
-        return 0
-    if removed:
-        log.info("%s: pruned %d landing files below remap[%d] = %s", name, removed, remap.since, remap.at(remap.since))
-    return removed
+        pruned = prune_landing(name, ctx)
+    return {"since": since, "compacted": True, "landing_files_pruned": pruned, "retired": retire(name, runtime)}
 
 
 def _consumers_progress(name: str, runtime: Runtime) -> list[int]:

@@ -109,7 +109,8 @@ class Runtime:
                                            offset_type_of(upstream), spark=lambda: self.spark(f"reclock-{name}"),
                                            create=create)
             record = tables.upstream_record() if connected else None
-            yield SourceContext(self, source_config, upstream, tables, record.base if record else Frontier(), options)
+            yield SourceContext(self, source_config, upstream, tables, record.base if record else Frontier(), options,
+                                record.retired if record else Frontier())
         finally:
             if connected:
                 upstream.close()
@@ -131,6 +132,7 @@ class SourceContext:
     #: The options the upstream was built from: the file's, with what its Airflow connection gives
     #: (reclock.connections); they may hold credentials, so never log them.
     options: dict | None = field(default=None, repr=False)
+    retired: Frontier = Frontier()  # the partitions compaction retired (reclock.engine.upstream), hidden upstream
 
     @property
     def spark(self):
@@ -139,8 +141,9 @@ class SourceContext:
 
     @property
     def source(self) -> Source:
-        """The upstream in the source's gauge: its offsets shifted by the epoch's offset base, if any."""
-        return in_epoch(self.upstream, self.base)
+        """The upstream in the source's gauge: its offsets shifted by the epoch's offset base, if any, its retired
+        partitions hidden."""
+        return in_epoch(self.upstream, self.base, self.retired)
 
     @property
     def spec(self) -> dict:

@@ -50,6 +50,24 @@ join must union them); restarting remap's offsets at 0 breaks monotonicity and m
 ``(partition, offset)`` pairs ambiguous; an epoch column in the partition key changes the schema of
 both tables.  The base keeps every law, check and query as it is, at the cost of translating offsets
 where reclock talks to the upstream (:class:`reclock.sources.epoch.EpochSource`, ``read_ranges``).
+
+**Retirement.**  Some partitions end: a file rotated away and deleted holds nothing more, ever.  Left in
+remap, each would stay in every later frontier, so a log rotated daily would add a partition a day to every
+tick, stage and check.  A partition ``p`` is *retirable* at compaction to ``since`` (:func:`retirable`) when
+
+    bound once     B[p] = remap[since][p] > 0    (no binding after since moved it: it ended before since)
+    read whole     C[p] >= B[p]                  (committed upstream: every bound record is published)
+    gone           p is held by nothing upstream (no file holds its identity)
+
+Compaction records ``T`` (``p -> B[p]``, joined with the earlier retired) with the upstream record, then drops
+``p``'s rows from remap: remap's frontier holds the live partitions only, and every binding in
+``[since, upper)`` lacks ``p`` (the ones before are compacted away), so remap stays monotone.  From then on
+the source is seen through ``T`` (:func:`live`): ``p`` is hidden from the upstream's upper, released,
+committed and start frontiers, so neither a stale commit nor a late copy binds it again, and a retired
+partition back with records beyond what was read, ``U[p] > T[p]``, is refused (:func:`back_problems`):
+remap no longer has ``p``, so those records would be read from offset 0, the published ones twice.  The
+published rows of ``p`` stay (the binding at ``since`` holds them); only a replay of that folded binding,
+which would need every file again, is refused.
 """
 from __future__ import annotations
 
@@ -161,6 +179,32 @@ def replay_problem(start: int, since: int, began_at: int) -> str | None:
         return f"IntoTimes before {began_at} belong to an earlier epoch of the source, whose upstream was replaced"
     return (f"the binding at since = {since} folds the records of every epoch, and those of earlier epochs' "
             f"upstreams cannot be read again; start the window after {since}")
+
+
+# --- retirement -----------------------------------------------------------------------------------
+
+
+def retirable(at_since: Frontier, bound: Frontier, committed: Frontier, held: Iterable) -> Frontier:
+    """The partitions retired by a compaction to ``since``, at their bound offsets (``T`` above): bound at since
+    (``at_since = remap[since]``) and not moved after (``bound``, remap's frontier), committed that far, and held
+    by nothing upstream."""
+    held = set(held)
+    return Frontier.of({p: offset for p, offset in at_since
+                        if bound[p] == offset and committed[p] >= offset and p not in held})
+
+
+def live(frontier: Frontier, retired: Frontier) -> Frontier:
+    """``frontier`` without the retired partitions (the upstream as remap sees it)."""
+    return Frontier.of({p: offset for p, offset in frontier if not retired[p]}) if retired.partitions else frontier
+
+
+def back_problems(upper: Frontier, retired: Frontier, names: Mapping | None = None) -> list[str]:
+    """Retired partitions the upstream holds again with records beyond what was read (``U[p] > T[p]``), each with
+    its name when ``names`` has one (a file's key)."""
+    names = names or {}
+    return [f"partition {_name(p)}{f' ({names[p]})' if p in names else ''} was retired at offset {retired[p]} (read "
+            f"whole, gone upstream, compacted) and is back with records up to {offset}"
+            for p, offset in upper if retired[p] and offset > retired[p]]
 
 
 def _name(partition) -> str:

@@ -159,6 +159,14 @@ class NamedPartitions(Protocol):
         """``{partition: name}`` as of the last ``upper()`` (no new look upstream)."""
 
 
+class Retiring(Protocol):
+    """A source whose partitions end (files: a file rotated away and deleted holds nothing more): compaction retires
+    a partition read whole and held by nothing upstream (:mod:`reclock.engine.upstream`, "Retirement")."""
+
+    def held_partitions(self) -> set | None:
+        """The partitions upstream holds now (a fresh look); None: this source retires nothing."""
+
+
 class PrimaryKeys(Protocol):
     """A source that knows its tables' primary keys (staged with a batch, for the checks)."""
 

@@ -56,6 +56,11 @@ the commit file also records ``names`` at each commit; every error names both.  
 is not followed), for transports whose files are never renamed, and for sources whose remap was
 begun keyed by names.
 
+**Retirement.**  An identity held by no file any more (rotated away and deleted) is retired by compaction
+once read whole (:meth:`FileSource.held_partitions`; :mod:`reclock.engine.upstream`, "Retirement"): remap drops
+its partition and the next :meth:`FileSource.commit` forgets it, so both track the live files.  With
+``identity="name"`` nothing is retired.
+
 Files must only grow: an identity whose file shrinks, disappears before being committed, or grows
 with the bytes just before its known upper changed raises :class:`SourceError`.  Reads find
 the file holding the identity now (it may have been renamed since the tick), so each read lists
@@ -298,6 +303,15 @@ class FileSource:
         self.upper()
         return dict(self._names)
 
+    def held_partitions(self) -> set[str] | None:
+        """The identities some file holds now (a fresh :meth:`upper`): compaction retires the others once read whole
+        (the :class:`~reclock.sources.base.Retiring` capability); None with ``identity="name"``, whose keys come
+        back as other files."""
+        if self.identity_mode == "name":
+            return None
+        self.upper()
+        return set(self._names)
+
     def partition_names(self) -> dict[str, str]:
         """``{identity: key}`` as of the last :meth:`upper` (the :class:`~reclock.sources.base.NamedPartitions`
         capability: names for logs, status and the progress page)."""
@@ -410,9 +424,12 @@ class FileSource:
         return self.committed() if self.delete_committed else Frontier()
 
     def commit(self, frontier: Frontier) -> None:
-        """Record ``frontier`` (joined with the last commit: commits never go backwards)."""
+        """Record ``frontier`` (joined with the last commit: commits never go backwards), forgetting the identities
+        neither ``frontier`` nor any file holds: remap retired them (:meth:`held_partitions`)."""
         doc = self._commit_doc()
-        merged, current = committed_of(doc, self.committed_path).join(frontier), self.upper()
+        current = self.upper()
+        last = committed_of(doc, self.committed_path)
+        merged = Frontier.of({p: o for p, o in last if frontier[p] or p in self._names}).join(frontier)
         if not merged.less_equal(current) or not all(isinstance(p, str) for p in frontier.partitions):
             raise SourceError(f"cannot commit {frontier}: partitions must be identity strings, uppers within "
                               f"{current}")

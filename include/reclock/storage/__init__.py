@@ -23,7 +23,7 @@ tick (its rows, upstream)   remap        delta-rs              the stored ``recl
                                                                read, and Delta's conflict check refuses a commit
                                                                when one carrying the same app landed since
 upstream record             remap        delta-rs              never retried: any commit since the read refuses it
-                                                               (properties never overwrite a record not read)
+(and retired partitions)                                       (properties never overwrite a record not read)
 publish (Spark's files)     reclocked    delta-rs              as a tick's, with ``reclock.reclocked``
 dead letters of a publish   dead_letter  delta-rs (pyarrow)    as a tick's, with ``reclock.dead_letter``; only rows
                                                                after the app's version are added

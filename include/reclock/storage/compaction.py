@@ -14,13 +14,13 @@ import pyarrow.compute as pc
 
 from .. import offsets
 from ..clock import now_ms
-from ..engine import Increment
+from ..engine import Frontier, Increment
 from . import commits
 from .commits import SINCE_APP
 from .files import read_rows
-from .layout import KINDS, VACUUMED, Kind, WarehouseError
+from .layout import KINDS, VACUUMED, ConcurrentWriteError, Kind, WarehouseError
 from .side_files import write_json
-from .tables import Tables
+from .tables import Tables, retired_of
 
 log = logging.getLogger("reclock")
 
@@ -89,6 +89,19 @@ class CompactingTables(Tables):
                 vacuumed[kind] = started
                 write_json(self.uri, VACUUMED, vacuumed, self.storage_options)
 
+    def retire(self, record, retired: Frontier) -> None:
+        """Retire the partitions ``retired`` (at their bound offsets: :func:`reclock.engine.upstream.retirable`):
+        recorded first, joined with those retired before, in the upstream record ``record`` (one commit of
+        remap's properties, refused by any commit since ``record`` was read: a racing tick or compaction), then
+        their rows dropped from remap by the compaction rewrite of the rows up to ``since`` (refused likewise).
+        Killed in between, remap is read without them already (:meth:`read_remap`) and the next compaction drops
+        the rows; a :class:`~reclock.storage.layout.ConcurrentWriteError` from either leaves it to the next."""
+        if self.upstream_record() != record:  # type: ignore[attr-defined]  (UpstreamTables, in SourceTables)
+            raise ConcurrentWriteError(f"{self.uri}: the upstream record changed since compaction read it; nothing "
+                                       "retired")
+        self.record_upstream(record._replace(retired=record.retired.join(retired)))  # type: ignore[attr-defined]
+        self._consolidate_remap(self.since())
+
     def _vacuum(self, kind: Kind, retention_hours: float) -> None:
         """Delete the table's files removed more than ``retention_hours`` ago (:func:`~reclock.storage.commits.vacuum`)."""
         commits.vacuum(self.table(kind), retention_hours)
@@ -104,17 +117,18 @@ class CompactingTables(Tables):
         return {k: v for k, v in record.items() if isinstance(v, int)} if isinstance(record, dict) else {}
 
     def _consolidate_remap(self, since: int) -> bool:
-        """Rewrite remap rows at or before ``since`` as one row per partition at ``since``; False if already so.
+        """Rewrite remap rows at or before ``since`` as one row per partition at ``since``, none for a retired
+        partition (:meth:`retire`); False if already so.
 
         Remap is small (one row per partition and tick), and big offsets must sum exactly: the
         rows are folded in Python (:meth:`Remap.compact`) and written back in one delta-rs overwrite, no JVM.
         """
         dt = self.table("remap")
-        old = read_rows(dt, self.schemas["remap"], pc.field("into_time") <= since)
+        old, retired = read_rows(dt, self.schemas["remap"], pc.field("into_time") <= since), retired_of(dt)
         folded: dict = {}
         for partition, amount in zip(old["partition"].to_pylist(), offsets.from_arrow(old["increment"])):
             folded[partition] = folded.get(partition, 0) + amount
-        new = [(p, since, amount) for p, amount in folded.items() if amount]
+        new = [(p, since, amount) for p, amount in folded.items() if amount and not retired[p]]
         if len(new) == old.num_rows and (old.num_rows == 0 or pc.min(old["into_time"]).as_py() == since):
             return False
         rows = self._remap_rows(Increment(p, t, a) for p, t, a in new)

@@ -35,6 +35,15 @@ OPTIMIZE_MIN_FILE_BYTES = 64 << 20
 #: once there are more than this many (Delta's own auto compaction waits for 50): reads stay cheap, and a
 #: compaction or tick with a few small files pays no OPTIMIZE (seconds of Spark jobs even with nothing to merge).
 SMALL_FILES_MAX = 32
+#: remap's table property of the retired partitions (:mod:`reclock.engine.upstream`, "Retirement"), ``[[p, offset]]``:
+#: part of the upstream record (:class:`reclock.storage.UpstreamRecord`), read with every remap.
+RETIRED_PROPERTY = "reclock.retired"
+
+
+def retired_of(dt: DeltaTable | None) -> Frontier:
+    """The retired partitions recorded in remap's snapshot ``dt`` (none before any retirement)."""
+    conf = {} if dt is None else dt.metadata().configuration
+    return Frontier.of([tuple(pair) for pair in json.loads(conf.get(RETIRED_PROPERTY, "[]"))])
 
 
 class Tables:
@@ -181,15 +190,19 @@ class Tables:
         return self._app_version("remap", REMAP_APP, -1) + 1
 
     def read_remap(self) -> Remap:
-        """The stored remap, with ``since`` and ``upper`` from the app transactions of one snapshot."""
+        """The stored remap, with ``since`` and ``upper`` from the app transactions of one snapshot, without the
+        rows of retired partitions (a compaction killed between recording them and dropping their rows left
+        them)."""
         dt = self._table_or_none("remap")
         if dt is None:
             return Remap.from_increments([], 0, 0)
         since, upper = app_version(dt, SINCE_APP, 0), app_version(dt, REMAP_APP, -1) + 1
         rows = read_rows(dt, self.schemas["remap"])  # the same snapshot as since and upper
         increments = offsets.from_arrow(rows["increment"])  # Python ints, however they are stored
-        remap = Remap.from_increments(zip(rows["partition"].to_pylist(), rows["into_time"].to_pylist(), increments),
-                                      0, upper)
+        retired = retired_of(dt)
+        remap = Remap.from_increments(((p, t, i) for p, t, i in zip(rows["partition"].to_pylist(),
+                                                                    rows["into_time"].to_pylist(), increments)
+                                       if not retired[p]), 0, upper)
         return remap.compact(since)  # rows may predate a crashed compaction (since recorded first)
 
     def remap_frame(self):

@@ -10,7 +10,7 @@ from ..engine import Frontier
 from . import commits
 from .layout import UPSTREAM_SAMPLE
 from .side_files import write_json
-from .tables import Tables
+from .tables import RETIRED_PROPERTY, Tables, retired_of
 
 START_PROPERTY, IDENTITY_PROPERTY, GAPS_PROPERTY = "reclock.start", "reclock.identity", "reclock.gaps"
 EPOCHS_PROPERTY = "reclock.epochs"
@@ -22,12 +22,14 @@ class UpstreamRecord(NamedTuple):
     and the epochs begun on replaced upstreams (``reclock new-epoch``), each a dict with ``began_at`` (its
     first IntoTime), ``base`` (its offset base, ``[[partition, offset]]``), its ``identity`` and ``start``,
     what it ``replaced`` (the previous identity and start) and when it was ``recorded_at``.
-    ``start`` and ``identity`` are the current epoch's."""
+    ``start`` and ``identity`` are the current epoch's.  ``retired``: the partitions compaction retired, at their
+    bound offsets (:mod:`reclock.engine.upstream`, "Retirement")."""
 
     start: Frontier
     identity: dict | None
     gaps: list = []
     epochs: list = []
+    retired: Frontier = Frontier()
 
     @property
     def base(self) -> Frontier:
@@ -51,7 +53,7 @@ class UpstreamTables(Tables):
             return None
         return UpstreamRecord(Frontier.of([tuple(pair) for pair in json.loads(conf[START_PROPERTY])]),
                               json.loads(conf.get(IDENTITY_PROPERTY, "null")), json.loads(conf.get(GAPS_PROPERTY, "[]")),
-                              json.loads(conf.get(EPOCHS_PROPERTY, "[]")))
+                              json.loads(conf.get(EPOCHS_PROPERTY, "[]")), retired_of(dt))
 
     def record_upstream(self, record: UpstreamRecord) -> None:
         """Record the start frontier, the upstream's identity, the gaps and the epochs in the remap table's
@@ -62,6 +64,8 @@ class UpstreamTables(Tables):
                   IDENTITY_PROPERTY: json.dumps(record.identity, sort_keys=True),
                   GAPS_PROPERTY: json.dumps(record.gaps, sort_keys=True),
                   EPOCHS_PROPERTY: json.dumps(record.epochs, sort_keys=True)}
+        if record.retired.partitions:
+            values[RETIRED_PROPERTY] = json.dumps([list(pair) for pair in record.retired])
         commits.set_properties(self.table("remap"), values, "the upstream record (table properties)")
 
     def record_upstream_sample(self, upper: Frontier, bound: Frontier, step: str, at: int,
