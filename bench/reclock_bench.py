@@ -33,10 +33,12 @@ airflow      one DAG run of ``--dag-records`` (100K) records under ``airflow dag
              own cost of such a run: ``reclock_floor`` (bench/airflow_floor), the same tasks in the same order
              doing nothing, under the same command in the same home (its second run); and the import of Great
              Expectations in a fresh process (over a bare Python start), which the check task pays;
-linearity    reclock seconds per record at 10M / at 1M (the issue's "10M ~ 10x 1M"; without both sizes, at the
-             largest / at the smallest), and the marginal cost per record between them against the copy's.
+parse        the DAG file over a sources file of 1,000 sources, in fresh processes (Airflow imported first,
+             untimed): parsed whole, and as a task process parses it (its own DAG only);
+linearity    reclock seconds per record at 10M / at 1M (without both sizes, at the largest / at the smallest),
+             and the marginal cost per record between them against the copy's.
 
-It asserts nothing.  It prints each figure with issue 10's targets (MET / NOT MET) and writes everything,
+It asserts nothing.  It prints each figure with issue 38's targets (MET / NOT MET) and writes everything,
 with the machine it ran on, to ``--results`` (default ``bench/results.json``), which the README quotes.
 Records are produced by Spark's Kafka sink (untimed).  All figures are wall times: other load on the machine
 inflates them, so the header and footer print the load average.
@@ -69,14 +71,31 @@ from reclock.spark.kafka import SPARK_FETCH_MAX_WAIT_MS
 RESULTS = Path(__file__).resolve().parent / "results.json"
 FLOOR_DAGS = Path(__file__).resolve().parent / "airflow_floor"  # reclock_floor: the same tasks doing nothing
 COMPACTED_EXTRA = 1_000  # records bound after a size's batch, before the compaction that folds both
-TARGETS = {
-    "ratio": 1.3,          # full tick <= 1.3x Spark's own copy, at 1M and at 10M
-    "empty_s": 3.0,        # a tick with no new records, Spark up
-    "dag_s": 10.0,         # one DAG run of 100K records under `airflow dags test`
+TARGETS = {  # issue 38's
+    "ratio": {100_000: 1.6, 1_000_000: 1.25, 10_000_000: 1.1},  # full run <= this x Spark's own copy
+    "empty_s": 0.5,        # a full run with no new records, Spark up
+    "check_share": 0.10,   # the check step at 10M <= 10% of the copy's time
+    "dag_over_floor_s": 3.0,  # one DAG run of 100K records <= Airflow's floor (the same tasks doing nothing) + 3 s
+    "parse_s": 5.0,        # the DAG file of 1,000 sources parses whole in <= 5 s
+    "own_dag_s": 0.3,      # a task process builds its own DAG of those in <= 0.3 s
+    "compaction": 1.5,     # a compaction folding a batch <= 1.5x Spark rewriting the same rows
     "rss_growth": 1.3,     # peak driver RSS at 10M within 1.3x of that at 1M
-    "linearity": 0.2,      # 10M ~ 10x 1M, +-20% (per-record cost ratio within [0.8, 1.2])
-    "wide": 1.5,           # 64 partitions no slower than 1.5x 8 for the same records
+    "wide": 1.3,           # 64 partitions <= 1.3x 8 for the same records
+    "query_s": 2.0,        # reclock query --as-of latest counting 10M rows without Spark
+    "linearity": 0.2,      # 10M ~ 10x 1M, +-20% (per-record cost ratio within [0.8, 1.2]): shown, not a target
 }
+#: The parse measurement: the imports a DAG processor (or a task process) has done before it parses the file,
+#: untimed, then the file itself, timed; its DAGs counted.
+PARSE_SCRIPT = """
+import json, runpy, sys, time
+import airflow.sdk
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+start = time.perf_counter()
+found = runpy.run_path(sys.argv[1])
+parse_s = time.perf_counter() - start
+print(json.dumps({"parse_s": parse_s, "dags": sum(isinstance(v, airflow.sdk.DAG) for v in found.values())}))
+"""
+PARSE_SOURCES = 1_000
 
 
 # --- measuring ---------------------------------------------------------------------------------
@@ -507,6 +526,39 @@ class Bench:
                 "floor_s": floor_s[-1], "floor_first_run_s": floor_s[0], "gx_import_s": gx_s}
 
 
+def parse(workdir: Path, bootstrap: str) -> dict:
+    """The DAG file over a sources file of ``PARSE_SOURCES`` Kafka sources (nothing contacted: parsing has no side
+    effect), in fresh processes: parsed whole (as the DAG processor does: every source's DAG and backfill DAG),
+    and as a task process of one source parses it (``get_parsing_context``: only its DAG), best of 3 each."""
+    from devtools.airflow_home import DAGS_FOLDER, airflow_env
+
+    section(f"parse: the DAG file with {PARSE_SOURCES:,} sources")
+    config = workdir / "parse-sources.yaml"
+    config.write_text(yaml.safe_dump({"warehouse": str(workdir / "parse-warehouse"), "sources": [
+        {"name": f"s{i:04d}", "kind": "kafka", "schedule": "*/5 * * * *",
+         "options": {"bootstrap_servers": bootstrap, "topic": f"t{i}", "group_id": f"g{i}"}}
+        for i in range(PARSE_SOURCES)]}))
+    env = airflow_env(workdir / "parse-airflow", config)
+    dag_file = str(DAGS_FOLDER / "reclock_sources.py")
+
+    def measure(extra: dict) -> dict:
+        runs = []
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-c", PARSE_SCRIPT, dag_file], env={**env, **extra},
+                                 capture_output=True, text=True, timeout=600, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        return min(runs, key=lambda r: r["parse_s"])
+
+    whole = measure({})
+    own = measure({"_AIRFLOW_PARSING_CONTEXT_DAG_ID": "reclock_s0500", "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "tick"})
+    if whole["dags"] != 2 * PARSE_SOURCES or own["dags"] != 1:
+        raise RuntimeError(f"parsed {whole['dags']} DAGs whole and {own['dags']} as a task process")
+    print(f"  whole: {whole['parse_s']:.2f}s for {whole['dags']:,} DAGs; a task process of reclock_s0500: "
+          f"{own['parse_s']:.3f}s for {own['dags']} DAG (best of 3, Airflow imported before)")
+    return {"sources": PARSE_SOURCES, "whole_s": whole["parse_s"], "own_dag_s": own["parse_s"],
+            "dags": whole["dags"]}
+
+
 def run_tasks(db: Path, dag_id: str) -> list[str]:
     """The task ids of ``dag_id``'s latest run, in the order they started (from the Airflow home's database)."""
     import sqlite3
@@ -518,24 +570,46 @@ def run_tasks(db: Path, dag_id: str) -> list[str]:
 
 
 def summary(results: dict) -> dict:
-    """Issue 10's targets against the figures; each None where its sizes were not run."""
-    section("summary (issue 10's targets)")
+    """Issue 38's targets against the figures; each None where its section was not run."""
+    section("summary (issue 38's targets)")
     by = {r["records"]: r for r in results.get("sizes", [])}
-    big = [n for n in (1_000_000, 10_000_000) if n in by]
-    met = {}
-    met["ratio"] = all(by[n]["ratio"] <= TARGETS["ratio"] for n in big) if big else None
-    print(f"  full tick <= {TARGETS['ratio']}x Spark's copy at 1M and 10M: {verdict(met['ratio'])} ("
-          + ", ".join(f"{n:,}: {by[n]['ratio']:.2f}x" for n in sorted(by)) + ")")
+    met: dict = {}
+    for n, target in TARGETS["ratio"].items():
+        if n in by:
+            met[f"ratio_{n}"] = by[n]["ratio"] <= target
+            print(f"  full run at {n:,} <= {target}x Spark's copy: {verdict(met[f'ratio_{n}'])} ({by[n]['ratio']:.2f}x)")
+    if 10_000_000 in by:
+        big = by[10_000_000]
+        share = big["steps_s"]["check"] / big["copy_s"]
+        met["check"] = share <= TARGETS["check_share"]
+        print(f"  the check step at 10M <= {TARGETS['check_share']:.0%} of the copy: {verdict(met['check'])} "
+              f"({big['steps_s']['check']:.2f}s, {share:.0%})")
+        met["query"] = big["query_s"] <= TARGETS["query_s"]
+        print(f"  reclock query counting 10M without Spark <= {TARGETS['query_s']:.0f}s: {verdict(met['query'])} "
+              f"({big['query_s']:.2f}s)")
+    compactions = {n: r["compact_s"] / r["rewrite_s"] for n, r in by.items() if "compact_s" in r}
+    if compactions:
+        met["compaction"] = all(x <= TARGETS["compaction"] for x in compactions.values())
+        print(f"  a compaction folding a batch <= {TARGETS['compaction']}x Spark's rewrite: {verdict(met['compaction'])}"
+              " (" + ", ".join(f"{n:,}: {x:.2f}x" for n, x in sorted(compactions.items())) + ")")
     if "empty" in results:
         met["empty"] = results["empty"]["median_s"] <= TARGETS["empty_s"]
-        print(f"  a tick with no new records <= {TARGETS['empty_s']:.0f}s: {verdict(met['empty'])} "
+        print(f"  a run with no new records <= {TARGETS['empty_s']}s: {verdict(met['empty'])} "
               f"({results['empty']['median_s']:.2f}s)")
     if "airflow" in results:
-        met["dag"] = results["airflow"]["seconds"] <= TARGETS["dag_s"]
         dag = results["airflow"]
-        print(f"  one DAG run of {dag['records']:,} under airflow dags test <= {TARGETS['dag_s']:.0f}s: "
-              f"{verdict(met['dag'])} ({dag['seconds']:.2f}s; Airflow alone, its {len(dag['tasks'])} tasks doing "
-              f"nothing: {dag['floor_s']:.2f}s; importing Great Expectations: {dag['gx_import_s']:.2f}s)")
+        met["dag"] = dag["seconds"] <= dag["floor_s"] + TARGETS["dag_over_floor_s"]
+        print(f"  one DAG run of {dag['records']:,} under airflow dags test <= Airflow's floor + "
+              f"{TARGETS['dag_over_floor_s']:.0f}s: {verdict(met['dag'])} ({dag['seconds']:.2f}s; Airflow alone, its "
+              f"{len(dag['tasks'])} tasks doing nothing: {dag['floor_s']:.2f}s; importing Great Expectations: "
+              f"{dag['gx_import_s']:.2f}s)")
+    if "parse" in results:
+        parsed = results["parse"]
+        met["parse"] = parsed["whole_s"] <= TARGETS["parse_s"]
+        met["own_dag"] = parsed["own_dag_s"] <= TARGETS["own_dag_s"]
+        print(f"  the DAG file of {parsed['sources']:,} sources parsed whole <= {TARGETS['parse_s']:.0f}s: "
+              f"{verdict(met['parse'])} ({parsed['whole_s']:.2f}s); a task process's own DAG <= "
+              f"{TARGETS['own_dag_s']}s: {verdict(met['own_dag'])} ({parsed['own_dag_s']:.3f}s)")
     if 1_000_000 in by and 10_000_000 in by:
         small, large = by[1_000_000]["peak_rss"]["driver"], by[10_000_000]["peak_rss"]["driver"]
         growth = large / small if small and large else None
@@ -549,11 +623,9 @@ def summary(results: dict) -> dict:
     if len(by) >= 2:
         lo, hi = (1_000_000, 10_000_000) if {1_000_000, 10_000_000} <= set(by) else (min(by), max(by))
         per = (by[hi]["reclock_s"] / hi) / (by[lo]["reclock_s"] / lo)
-        met["linear"] = abs(per - 1) <= TARGETS["linearity"]
         results["linearity"] = per
-        print(f"  linear in records (cost per record at {hi:,} / at {lo:,} within 1 +- {TARGETS['linearity']}): "
-              f"{verdict(met['linear'])} ({per:.2f}; Spark's copy: "
-              f"{(by[hi]['copy_s'] / hi) / (by[lo]['copy_s'] / lo):.2f})")
+        print(f"  cost per record at {hi:,} / at {lo:,} (not a target): {per:.2f}; Spark's copy: "
+              f"{(by[hi]['copy_s'] / hi) / (by[lo]['copy_s'] / lo):.2f}")
         marginal = {k: (by[hi][f"{k}_s"] - by[lo][f"{k}_s"]) / (hi - lo) * 1e6 for k in ("reclock", "copy")}
         results["marginal_us_per_record"] = marginal
         print(f"  marginal cost per record from {lo:,} to {hi:,}: reclock {marginal['reclock']:.2f} us, Spark's copy "
@@ -595,7 +667,7 @@ def parse_args(argv=None):
     parser.add_argument("--spark-remote", default=None, help="a Spark Connect URL (sc://host:port) to run on")
     parser.add_argument("--connect", action="store_true",
                         help="start a local Spark Connect server (devtools.spark_connect) and run everything on it")
-    parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow")
+    parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow,parse")
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS})")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     parser.add_argument("--no-compaction", dest="compaction", action="store_false",
@@ -649,6 +721,8 @@ def main(argv=None) -> int:
                     results["partitions"] = bench.partitions()
                 if "airflow" not in args.skip:
                     results["airflow"] = bench.airflow()
+                if "parse" not in args.skip:
+                    results["parse"] = parse(workdir, broker.bootstrap)
                 results["targets_met"] = summary(results)
             finally:
                 spark.stop()

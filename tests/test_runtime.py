@@ -56,18 +56,21 @@ runtime = Runtime.load(sys.argv[1])
 fresh = Runtime.load(sys.argv[3])  # another warehouse: this source's first tick
 done = {"publish": pipeline.publish("orders", runtime), "tick": pipeline.tick("orders", runtime, now=int(sys.argv[2])),
         "first_tick": pipeline.tick("orders", fresh, now=int(sys.argv[2])), "fresh_spark_started": fresh.spark_started,
-        "status": status.status(runtime), "page": progress.collect(sys.argv[1], upstream=False)["sources"],
-        "spark_started": runtime.spark_started,
+        "status": status.status(runtime), "page": progress.collect(sys.argv[1], upstream=False)["sources"]}
+done.update({f"idle_{step}": pipeline.run_once("orders", runtime, steps=(step,))[step]
+             for step in ("stage", "check", "publish", "resume")})
+done.update({"spark_started": runtime.spark_started,
         "imported": sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "py4j", "great_expectations"}),
-        "first_import": first}
+        "first_import": first})
 print("RESULT " + json.dumps(done, default=str))
 """
 
 
 def test_steps_without_spark_work_start_none(kafka_broker, spark, orders, tmp_path):
     """A publish without dead letters, an idle tick, a Kafka source's first tick (creating its tables, recording
-    its upstream), ``reclock status`` and the progress page import no pyspark (no JVM, no Spark Connect client):
-    their commits are delta-rs's and their reads light ones."""
+    its upstream), ``reclock status``, the progress page, and the rest of the idle run (staging a window that
+    binds nothing, its check, its publish, resume) import no pyspark (no JVM, no Spark Connect client) and no
+    Great Expectations: their commits are delta-rs's and their reads light ones."""
     topic, config = orders
     produce(kafka_broker, topic, [("k", f"o{i}", i % 2) for i in range(4)])
     pipeline.run_once("orders", config, spark, now=1_000, steps=("tick", "stage", "check"))  # checked, not published
@@ -88,6 +91,8 @@ def test_steps_without_spark_work_start_none(kafka_broker, spark, orders, tmp_pa
         assert ctx.tables.upstream_record() is not None and ctx.tables.remap_upper() == 2_001
     assert [row["remap_upper"] for row in done["status"]] == [2_001]
     assert [row["reclocked_upper"] for row in done["page"]] == [1_001]
+    assert done["idle_stage"] == {"staged_rows": 0, "start": 1_001, "upto": 2_000, "ranges": 0}
+    assert "nothing to validate" in json.dumps(done["idle_check"]["reclocked"]) and done["idle_publish"] == {"published": True, "reclocked_upper": 2_001}
     assert done["spark_started"] is False and done["imported"] == [], done["first_import"]
     assert sorted(r[0] for r in reclocked_rows("orders", config)) == [f"o{i}" for i in range(4)]
 

@@ -280,8 +280,6 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
     ``on_bad_record: dead_letter`` it is staged apart, for the dead-letter table (``dead_letters``: how many).
     A source with ``primary_keys`` (Postgres) has its tables' primary keys staged with the batch, for the checks.
     """
-    from .spark.source import split_bad_records, worker_source_error
-
     with Runtime.of(runtime, spark).source(name, create=True) as ctx:
         remap = ctx.tables.read_remap()
         window = pending(remap, ctx.tables)
@@ -299,12 +297,19 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             raise SourceError(f"{name}: bindings {start}..{upto} need records of the upstream they were bound from, "
                               "which was replaced: " + "; ".join(other) + f"; nothing staged. {UPSTREAM_HELP}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
+        keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
+        if not ranges:  # do not contact the upstream; and with nothing to read (idle ticks), no Spark job
+            with published_meanwhile(name, ctx, upto, "stage") as raced:
+                ctx.tables.stage_empty(upto, {"primary_keys": keys()} if keys else None)
+            return ({"staged_rows": 0, "start": start, "upto": upto, "published_by_another_run": True}
+                    if raced.by_another_run else {"staged_rows": 0, "start": start, "upto": upto, "ranges": 0})
+        from .spark.source import split_bad_records, worker_source_error
+
         df = read_bound(ctx, ranges)
         records, dead_letters = split_bad_records(df, name)
         if dead_letters is not None:  # both read the batch: once from the upstream
             df.persist()
-        keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
-        try:  # do not contact the upstream
+        try:
             with published_meanwhile(name, ctx, upto, "stage") as raced:
                 rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
         except Exception as e:  # a Spark job failure: surface the source's own message

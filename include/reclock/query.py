@@ -8,8 +8,8 @@ complete (``t`` below both the remap and the reclocked uppers).
 
 ``duckdb_as_of(t, names)`` makes the same views (but the typed ones) in a DuckDB connection, read through
 delta-rs with no JVM: the published table at one Delta version, scanned as Arrow with ``into_time <= t`` pushed
-down.  Law: for every source and every readable ``t``, its views hold the same rows (as multisets) as the Spark
-ones, and a ``t`` one refuses the other refuses with the same error.  A source with typed views (Postgres)
+down (a table whose every diff is 1, by its file statistics, read as it is: nothing to consolidate).  Law: for
+every source and every readable ``t``, its views hold the same rows (as multisets) as the Spark ones, and a ``t`` one refuses the other refuses with the same error.  A source with typed views (Postgres)
 is Spark's (:func:`spark_needed`).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .engine import RemapError, timestamp_resumption_frontier
 from .runtime import Runtime, Where
 from .sources import source_class
 from .sources.base import TableColumns, offers
+from .storage.files import diff_range
 
 
 class QueryError(ValueError):
@@ -191,7 +192,8 @@ def _duckdb_source(con, name: str, t: int, ctx) -> int:
     remap = ctx.tables.read_remap()
     window = _window(name, ctx.tables, remap)
     window.check(t)
-    dataset = ctx.tables.table("reclocked").to_pyarrow_dataset()  # one Delta version from here on
+    dt = ctx.tables.table("reclocked")
+    dataset = dt.to_pyarrow_dataset()  # one Delta version from here on
     since = ctx.tables.since()
     if since > t:  # compaction folded t away after the window was read: refused as Spark's read refuses it
         Readable(name, since, window.upper).check(t)
@@ -201,13 +203,22 @@ def _duckdb_source(con, name: str, t: int, ctx) -> int:
     scratch = _quote(f"_reclock_{name}_published")
     con.register(scratch.strip('"'), dataset)
     quoted = ", ".join(_quote(k) for k in keys)
-    counted = (f"SELECT {quoted}, CAST(sum(diff) AS BIGINT) AS _n FROM {scratch} WHERE into_time <= {int(t)} "
-               "GROUP BY ALL HAVING sum(diff) <> 0")
-    negative, rows = con.sql(f"SELECT count(*) FILTER (WHERE _n < 0), coalesce(sum(_n), 0) FROM ({counted})"
-                             ).fetchall()[0]
-    if negative:
-        raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS SELECT {quoted} FROM ({counted}) AS c, range(c._n)")
+    if diff_range(dt) == (1, 1):
+        # Every diff 1 (the snapshot's file statistics): a record's sum(diff) is the number of its rows, each
+        # copy of it one row, so the contents are the rows at or before t as they are, read without grouping
+        # (Spark's views group: the tests compare both).
+        plain = f"SELECT {quoted} FROM {scratch} WHERE into_time <= {int(t)}"
+        rows, = con.sql(f"SELECT count(*) FROM {scratch} WHERE into_time <= {int(t)}").fetchall()[0]
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS {plain}")
+    else:
+        counted = (f"SELECT {quoted}, CAST(sum(diff) AS BIGINT) AS _n FROM {scratch} WHERE into_time <= {int(t)} "
+                   "GROUP BY ALL HAVING sum(diff) <> 0")
+        negative, rows = con.sql(f"SELECT count(*) FILTER (WHERE _n < 0), coalesce(sum(_n), 0) FROM ({counted})"
+                                 ).fetchall()[0]
+        if negative:
+            raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS SELECT {quoted} FROM ({counted}) AS c, "
+                    "range(c._n)")
     offset_type = ctx.tables.offset_type
     progress = _progress_rows(remap, t, offset_type)
     offset_arrow = pa.string() if offsets.is_big(offset_type) else pa.int64()

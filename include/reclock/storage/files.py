@@ -106,3 +106,12 @@ def max_into_time(dt: DeltaTable | None) -> int | None:
     if "max.into_time" in files.column_names and files["max.into_time"].null_count == 0:
         return pc.max(files["max.into_time"]).as_py()
     return pc.max(dt.to_pyarrow_dataset().to_table(columns=["into_time"])["into_time"]).as_py()
+
+
+def diff_range(dt: DeltaTable) -> tuple[int, int] | None:
+    """``(min(diff), max(diff))`` of a snapshot's rows from its file statistics; None when it has no rows or a file
+    lacks them (then only a scan tells)."""
+    files = files_with_rows(dt)
+    if files.num_rows == 0 or any(c not in files.column_names or files[c].null_count for c in ("min.diff", "max.diff")):
+        return None
+    return pc.min(files["min.diff"]).as_py(), pc.max(files["max.diff"]).as_py()

@@ -63,6 +63,20 @@ class StagingTables(Tables):
         writer.parquet(self._spark_path(attempt))
         return self.staged_rows(upto)
 
+    def stage_empty(self, upto: int, metadata: dict | None = None) -> int:
+        """Stage a batch without rows for the window up to ``upto`` (its bindings bound nothing to read: idle
+        ticks), without Spark: a fresh attempt holding its ``metadata`` (as :meth:`stage`) and ``_SUCCESS``, no
+        data file (a publish of it commits the app transaction alone); 0."""
+        if self.reclocked_upper() > upto:
+            return 0
+        attempt, fs = attempt_dir(upto_dir(upto)), self._fs()
+        fs.create_dir(attempt)
+        if metadata is not None:
+            write_json(f"{self.uri}/{attempt}", STAGED_METADATA, metadata, self.storage_options)
+        with fs.open_output_stream(f"{attempt}/{SUCCESS}"):
+            pass
+        return 0
+
     def _typed(self, df, kind: Kind):
         """``df``'s columns of table ``kind``, cast to its types."""
         return df.select(*[df[f.name].cast(f.dataType).alias(f.name) for f in self.spark_schema(kind)])
