@@ -64,6 +64,7 @@ def _none_as(empty) -> BeforeValidator:
     return BeforeValidator(lambda value: type(empty)() if value is None else value)
 
 
+@lru_cache(maxsize=1024)  # a sources file repeats a few schedules over many sources
 def schedule_problem(schedule: str) -> str | None:
     """Why Airflow would refuse ``schedule`` (not null), or None: presets, else croniter's verdict."""
     if schedule in SCHEDULE_PRESETS:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
-import pyarrow as pa
+if TYPE_CHECKING:  # annotations only: the sources file's validation (every DAG parse) imports this module
+    import pyarrow as pa
 
 from ..engine import Frontier, FrontierError, Partition
 
