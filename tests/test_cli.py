@@ -68,16 +68,6 @@ def test_bad_arguments_are_one_line(capsys, config, args, message):
     assert lines[0].startswith("reclock: error: ") and message in lines[0]
 
 
-def test_the_query_without_spark_refuses_typed_views(capsys, tmp_path):
-    """A Postgres source's typed views are Spark SQL's: --engine duckdb refuses it before reading anything."""
-    path = tmp_path / "sources.yaml"
-    path.write_text(yaml.safe_dump({"warehouse": str(tmp_path / "warehouse"), "sources": [
-        {"name": "pg", "kind": "postgres", "options": {"dsn": "host=/nowhere", "slot": "s", "tables": ["t"]}}]}))
-    code, lines = errors(capsys, ["--config", str(path), "query", "--as-of", "1", "--engine", "duckdb"])
-    assert (code, lines) == (2, ["reclock: error: pg: the typed views of its upstream tables are Spark's "
-                                 "(query with --engine spark)"])
-
-
 def test_every_config_problem_is_a_line(capsys, tmp_path):
     path = tmp_path / "sources.yaml"
     path.write_text(yaml.safe_dump({"warehouse": str(tmp_path), "sources": [

@@ -140,3 +140,33 @@ def test_typed_columns_parse_every_type(spark):
     assert {n: full[n] for n in names} == {n: v for n, _, _, _, v in TYPED}
     assert sparse["i4"] == 1 and all(sparse[n] is None for n in names if n != "i4")
     assert json.loads(full["doc"]) == {"a": [1, 2.5, "x"], "b": None}
+
+
+# (existing typed columns, the column lists of the rows added, the typed columns, rewrite) (reclock.typed_tables)
+INT, INT8_, TEXT_, VC10, VC20 = (23, -1), (20, -1), (25, -1), (1043, 14), (1043, 24)
+NUM102, NUM122 = (1700, numeric(10, 2)), (1700, numeric(12, 2))
+RESOLVED = [
+    ([], [[("id", *INT), ("v", *TEXT_)]], [("id", *INT), ("v", *TEXT_)], False),
+    ([("id", *INT)], [[("id", *INT)], [("id", *INT), ("w", *NUM102)]], [("id", *INT), ("w", *NUM102)], False),
+    ([("id", *INT), ("v", *VC10)], [[("id", *INT), ("v", *VC20)]], [("id", *INT), ("v", *VC10)], False),  # strings
+    ([("id", *INT)], [[("id", *INT8_)]], [("id", *TEXT_)], True),  # retyped in a new epoch: text, rewritten
+    ([("id", *INT), ("w", *NUM102)], [[("id", *INT), ("w", *NUM122)]], [("id", *INT), ("w", *TEXT_)], True),
+    ([], [[("id", *INT)], [("id", *INT8_)]], [("id", *TEXT_)], False),  # new: nothing to rewrite
+    ([("id", *INT), ("gone", *INT)], [[("id", *INT)]], [("id", *INT), ("gone", *INT)], False),  # a drop: kept
+]
+
+
+@pytest.mark.parametrize("existing, found, expected, rewrite", RESOLVED)
+def test_typed_columns_resolve(existing, found, expected, rewrite):
+    from reclock.typed_tables import resolve
+
+    columns, again = resolve("public.t", [Column(*c) for c in existing], [[Column(*c) for c in f] for f in found])
+    assert (columns, again) == ([Column(*c) for c in expected], rewrite)
+
+
+def test_a_column_named_as_a_typed_tables_own_is_refused():
+    from reclock.storage import WarehouseError
+    from reclock.typed_tables import resolve
+
+    with pytest.raises(WarehouseError, match=r"public.t: column '_diff' has the name of a typed table's own column"):
+        resolve("public.t", [], [[Column("_diff", 23, -1)]])

@@ -1,21 +1,23 @@
 """Typed AS OF views of Postgres tables and schema changes, on the real cluster (reclock.pg_types).
 
-Each table of a Postgres source is a view ``<source>_<table>`` with the table's columns, typed from the
-relation's type OIDs; an added column is followed (earlier rows read NULL for it), a dropped one stops
-the source at staging with an error naming the source, table, column and commit LSN.
+Each table of a Postgres source is a view ``<source>_<table>`` read from its typed Delta table
+(reclock.typed_tables), with the table's columns then, typed from the relation's type OIDs; an added column is
+followed (rows before it read NULL for it, AS OF times before it lack it), a dropped one stops the source at
+staging with an error naming the source, table, column and commit LSN.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import re
+from contextlib import contextmanager
 from decimal import Decimal
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from conftest import fresh_database, write_sources_config  # noqa: E402
+from conftest import as_of_views, fresh_database, write_sources_config  # noqa: E402
 from reclock import epochs, pipeline, runtime  # noqa: E402
 from reclock.query import register_as_of  # noqa: E402
 from reclock.sources.base import SourceError  # noqa: E402
@@ -92,7 +94,7 @@ def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(s
             c.execute("UPDATE t SET extra = 5 WHERE id = 2")
         pipeline.run_once("src", config, spark, now=2_000)  # staged, checked (consolidates) and published
         sql = "SELECT id, v, extra FROM src_t"
-        assert typed_rows(spark, config, 1_000, sql) == {(1, "a", None), (2, "b", None)}  # earlier rows: NULL
+        assert typed_rows(spark, config, 1_000, "SELECT * FROM src_t") == {(1, "a"), (2, "b")}  # before the column
         assert typed_rows(spark, config, 2_000, sql) == {(1, "a2", None), (2, "b", 5), (3, "c", 7)}
         assert dict(spark.table("src_t").dtypes)["extra"] == "int"
 
@@ -123,16 +125,129 @@ def test_added_column_is_followed_and_a_dropped_or_filled_one_stops_the_source(s
         pipeline.run_once("src", config, spark, now=4_000)
         now = "SELECT id, v, filled FROM src_t"
         assert typed_rows(spark, config, 4_000, now) == {(1, "a2", 1), (2, "b2", 1), (3, "c2", 1)}
-        assert "extra" not in dict(spark.table("src_t").dtypes)  # the latest columns; earlier rows unchanged:
-        assert typed_rows(spark, config, 2_000, now) == {(1, "a2", None), (2, "b", None), (3, "c", None)}
+        assert "extra" not in dict(spark.table("src_t").dtypes)  # the columns then; earlier times keep theirs:
+        assert typed_rows(spark, config, 2_000, "SELECT * FROM src_t") == {(1, "a2", None), (2, "b", 5), (3, "c", 7)}
+        assert spark.table("src_t").columns == ["id", "v", "extra"]
+        with runtime.open_source("src", config, connect=False) as ctx:  # one typed table, every column it had
+            assert ctx.tables.typed_tables() == ["public.t"]
+            assert ctx.tables.typed_schema("public.t").names == ["id", "v", "_into_time", "_diff", "extra", "filled"]
         assert {json.loads(r["row"])["id"]: json.loads(r["row"]).get("extra") for r in spark.table("src").collect()} \
             == {1: None, 2: 5, 3: 7}
+        assert typed_rows(spark, config, 1_000, "SELECT * FROM src_t") == {(1, "a"), (2, "b")}  # before ADD COLUMN
+        assert spark.table("src_t").columns == ["id", "v"]
+        for t in (1_000, 2_000, 3_000, 4_000):  # the JVM-free query's typed views: the same rows and columns
+            as_of_views(spark, t, ["src"], config)
         with psycopg.connect(dsn, autocommit=True) as c:  # and the new slot goes on
             c.execute("UPDATE t SET filled = 9 WHERE id = 1")
         pipeline.run_once("src", config, spark, now=5_000)
         assert typed_rows(spark, config, 5_000, now) == {(1, "a2", 9), (2, "b2", 1), (3, "c2", 1)}
 
 
+@contextmanager
+def killed_at_the_typed_frontier():
+    """A typing that dies after its typed tables' commits, before the typed frontier's (reclock.points)."""
+    from reclock import points
+
+    class Killer:
+        def reached(self, point):
+            pass
+
+        @contextmanager
+        def commit(self, name, uri):
+            if name == "reclock.typed" and uri.rstrip("/").endswith("/reclocked"):
+                raise RuntimeError(f"killed before the commit of {name} to {uri}")
+            yield
+
+    killer = Killer()
+    points.observe(killer)
+    try:
+        yield
+    finally:
+        points._observers.remove(killer)
+
+
 def typed_rows(spark, config, t, sql):
     register_as_of(spark, t, ["src"], config)
     return {tuple(r) for r in spark.sql(sql).collect()}
+
+
+def test_typed_tables_of_an_old_warehouse_folded_and_rewritten_after_a_retype(spark, pg_cluster, tmp_path,
+                                                                              monkeypatch):
+    """A warehouse from before typed tables gets them at its next publish; compaction waits for them and folds
+    them; a column retyped in a new epoch rewrites its typed table with the column as text at every time."""
+    with fresh_database(pg_cluster, "CREATE TABLE t (id int PRIMARY KEY, v int)",
+                        "INSERT INTO t VALUES (1, 10), (2, 20)") as dsn:
+        config = write_sources_config(tmp_path, ("src", "postgres", {"dsn": dsn, "slot": "s_t", "tables": ["t"]}),
+                                      retention_ms=1_000)
+        monkeypatch.setattr(pipeline, "type_published", lambda name, ctx: {})  # as published before typed tables
+        pipeline.run_once("src", config, spark, now=1_000)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for _ in range(3):
+                c.execute("UPDATE t SET v = v + 1")
+        assert not pipeline.run_once("src", config, spark, now=2_000)["compact"]["compacted"]  # waits for typing
+        with runtime.open_source("src", config, connect=False) as ctx:
+            assert (ctx.tables.typed_tables(), ctx.tables.typed_frontier(), ctx.tables.since()) == ([], -1, 0)
+        monkeypatch.undo()
+
+        typed = pipeline.publish("src", config, spark)["typed"]  # nothing to publish: the published rows typed
+        assert typed == {"typed_upto": 2_000, "rows": {"public.t": 2 + 3 * 2 * 2}}, typed
+        assert typed_rows(spark, config, 1_000, "SELECT * FROM src_t") == {(1, 10), (2, 20)}
+        assert typed_rows(spark, config, 2_000, "SELECT * FROM src_t") == {(1, 13), (2, 23)}
+
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("UPDATE t SET v = v + 1 WHERE id = 1")
+        with pytest.raises(RuntimeError, match="killed"), killed_at_the_typed_frontier():  # the table typed, not
+            pipeline.run_once("src", config, spark, now=3_000)                           # the frontier
+        assert pipeline.publish("src", config, spark)["typed"] == {"typed_upto": 3_000, "rows": {}}  # none twice
+        done = pipeline.compact("src", config, now=3_000, spark=spark)
+        assert done["since"] == 2_000 and done["typed_folded"] == ["public.t"], done
+        with runtime.open_source("src", config, connect=False) as ctx:  # at since: the rows then, once each
+            rows = ctx.tables.typed_table("public.t").to_pyarrow_table().to_pylist()
+        assert sorted((r["id"], r["v"], r["_into_time"], r["_diff"]) for r in rows if r["_into_time"] <= 2_000) == \
+            [(1, 13, 2_000, 1), (2, 23, 2_000, 1)]
+        assert typed_rows(spark, config, 3_000, "SELECT * FROM src_t") == {(1, 14), (2, 23)}
+        as_of_views(spark, 2_000, ["src"], config)
+
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("ALTER TABLE t ALTER COLUMN v TYPE text USING 'v' || v")
+            c.execute("UPDATE t SET v = v || '!' WHERE id = 2")
+        pipeline.tick("src", config, now=4_000, spark=spark)
+        with pytest.raises(SourceError, match="column 'v' was retyped"):
+            pipeline.stage("src", config, spark)
+        epochs.new_epoch("src", config, spark, drop_slot=True)
+        pipeline.run_once("src", config, spark, now=5_000)
+        assert typed_rows(spark, config, 5_000, "SELECT * FROM src_t") == {(1, "v14"), (2, "v23!")}
+        assert typed_rows(spark, config, 4_000, "SELECT * FROM src_t") == {(1, "14"), (2, "23")}  # text at every time
+        for t in (4_000, 5_000):
+            as_of_views(spark, t, ["src"], config)
+        with runtime.open_source("src", config, connect=False) as ctx:
+            assert ctx.tables.typed_schema("public.t").field("v").type == "string"
+
+
+def test_a_backfill_repair_rewrites_the_typed_rows_of_its_window(spark, pg_cluster, tmp_path):
+    from pyspark.sql import functions as F
+
+    from reclock.backfill import replay
+    from reclock.typed_tables import retype_window
+
+    with fresh_database(pg_cluster, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 10)") as dsn:
+        config = write_sources_config(tmp_path, ("src", "postgres", {"dsn": dsn, "slot": "s_t", "tables": ["t"]}),
+                                      retention_ms=10**9)
+        pipeline.run_once("src", config, spark, now=1_000)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("INSERT INTO t VALUES (2, 20), (3, 30)")
+            c.execute("ALTER TABLE t ADD COLUMN w text")
+            c.execute("INSERT INTO t VALUES (4, 40, 'x')")
+        pipeline.run_once("src", config, spark, now=2_000, steps=("tick", "stage", "check", "publish"))  # held
+        assert typed_rows(spark, config, 2_000, "SELECT * FROM src_t") == {(1, 10, None), (2, 20, None),
+                                                                          (3, 30, None), (4, 40, "x")}
+        with runtime.open_source("src", config, connect=False, spark=spark) as ctx:  # a row lost from the window
+            window = ctx.tables.read_reclocked_spark().where(F.col("into_time") == 2_000)
+            ctx.tables.replace_reclocked(window.where(~F.col("row").contains('"id":3')), 2_000, 2_000)
+            retype_window(ctx, 2_000, 2_000)
+        assert typed_rows(spark, config, 2_000, "SELECT id FROM src_t") == {(1,), (2,), (4,)}
+        repaired = replay("src", config, 2_000, 2_000, spark, mode="repair")
+        assert repaired["repaired"] and repaired["equal"], repaired
+        assert typed_rows(spark, config, 2_000, "SELECT * FROM src_t") == {(1, 10, None), (2, 20, None),
+                                                                          (3, 30, None), (4, 40, "x")}
+        as_of_views(spark, 2_000, ["src"], config)

@@ -58,6 +58,7 @@ from .engine.upstream import clip_ranges, identity_problems, replay_problem
 from .pipeline import read_bound
 from .runtime import Runtime, SourceContext, Where
 from .sources.base import identity_of, released_frontier
+from .typed_tables import retype_window
 from .storage import RECLOCKED_APP, UpstreamRecord, app_version
 
 log = logging.getLogger("reclock")
@@ -249,6 +250,7 @@ def replay(name: str, runtime: Where, start: int, end: int, spark=None, mode: st
             if published_digest != replay_digest and mode == "repair":
                 _pin(ctx, window.since, window.label)  # no compaction since the plan (see the module doc)
                 written = ctx.tables.replace_reclocked(replayed, *window.bounds)
+                retype_window(ctx, *window.bounds)  # a Postgres source's typed tables: the window's rows too
                 log.warning("%s: repaired the published rows (%d rows written)", window.label, written)
                 version, upper = _pin(ctx, window.since, window.label)  # the repaired snapshot
                 window = dataclasses.replace(window, version=version, published_upper=upper)

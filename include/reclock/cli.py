@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from . import epochs, pipeline
 from .config import config_schema_text
-from .query import QueryError, common_readable, duckdb_as_of, query_as_of, spark_needed
+from .query import QueryError, common_readable, duckdb_as_of, query_as_of
 from .runtime import Runtime
 from .secrets import redact
 from .status import status
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    "FROM the first source)")
     q.add_argument("--engine", choices=("auto", "duckdb", "spark"), default="auto",
                    help="duckdb: no JVM, the published tables read through delta-rs; spark: a Spark session (the "
-                   "sources file's); auto (default): duckdb unless a source has typed views (Postgres)")
+                   "sources file's); auto (default): duckdb")
     q.add_argument("--source", action="append", help="source(s) to expose (default: all configured)")
     q.add_argument("--limit", type=limit, default=50, help="rows to show (default 50)")
     k = sub.add_parser("sink-cdcv2", help="write a source's reclocked collection as CDC v2 (new intervals only)")
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             sql = args.sql or f"SELECT * FROM {names[0]}"
             engine = args.engine
             if engine == "auto":
-                engine = "spark" if spark_needed(names, runtime) else "duckdb"
+                engine = "duckdb"
             if engine == "duckdb":
                 con, _ = duckdb_as_of(t, names, runtime)
                 print(f"AS OF {t} ({datetime.fromtimestamp(t / 1000, timezone.utc).isoformat()})")

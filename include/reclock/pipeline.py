@@ -21,6 +21,7 @@ from .runtime import Runtime, SourceContext, Where
 from .sources.base import (LandsTicks, NamedPartitions, PrimaryKeys, Snapshotting, SourceError, TableColumns,
                            Truncating, identity_of, offers, released_frontier, starting_frontier)
 from .storage import ConcurrentWriteError, SourceTables, UpstreamRecord
+from .typed_tables import compact_typed, since_bound, type_published
 
 log = logging.getLogger("reclock")
 
@@ -381,32 +382,38 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
 
 
 def publish(name: str, runtime: Where = None, spark=None) -> dict:
-    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit).
+    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit), then type what is
+    published into the typed tables (a Postgres source: :func:`reclock.typed_tables.type_published`).
 
     Only a batch whose checks passed is published: the last check record (:mod:`reclock.check_log`) must be
     a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.  The
     window is the pending one, or the prefix of it that the last check checked (:func:`staged_window`).
     """
+    with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx:
+        done = _publish(name, ctx)
+        return {**done, **({"typed": typed} if (typed := type_published(name, ctx)) else {})}
+
+
+def _publish(name: str, ctx: SourceContext) -> dict:
     from . import check_log
     from .checks import ChecksFailed
 
-    with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx:
-        remap = ctx.tables.read_remap()
-        window = pending(remap, ctx.tables)
-        if window is None:
-            return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
-        checked = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
-        if (checked.get("window") or [None])[0] == window[0] and window[0] <= checked["window"][1] < window[1]:
-            window = tuple(checked["window"])  # a prefix of the pending window, checked (staged_window)
-        if not (checked.get("success") and checked.get("window") == list(window)):
-            raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
-                               + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
-                               + " (run `reclock check` after staging; docs: checks.md)")
-        with published_meanwhile(name, ctx, window[1], "publish") as raced:
-            published = ctx.tables.publish_staged(window[1])
-        if raced.by_another_run:
-            return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper(), "published_by_another_run": True}
-        return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
+    remap = ctx.tables.read_remap()
+    window = pending(remap, ctx.tables)
+    if window is None:
+        return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper()}
+    checked = check_log.read(ctx.tables.uri, ctx.tables.storage_options) or {}
+    if (checked.get("window") or [None])[0] == window[0] and window[0] <= checked["window"][1] < window[1]:
+        window = tuple(checked["window"])  # a prefix of the pending window, checked (staged_window)
+    if not (checked.get("success") and checked.get("window") == list(window)):
+        raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
+                           + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
+                           + " (run `reclock check` after staging; docs: checks.md)")
+    with published_meanwhile(name, ctx, window[1], "publish") as raced:
+        published = ctx.tables.publish_staged(window[1])
+    if raced.by_another_run:
+        return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper(), "published_by_another_run": True}
+    return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}
 
 
 def resume(name: str, runtime: Where = None) -> dict:
@@ -431,7 +438,7 @@ def compact(name: str, runtime: Where = None, now: int | None = None, spark=None
         remap = ctx.tables.read_remap()
         resume_at = timestamp_resumption_frontier(remap.upper, ctx.tables.reclocked_upper())
         since = min(resume_at - 1, (now if now is not None else now_ms()) - ctx.config.retention_ms)
-        since = min([since] + _consumers_progress(name, runtime))
+        since = min([since] + _consumers_progress(name, runtime) + [b for b in [since_bound(ctx)] if b is not None])
         current = ctx.tables.since()
         # Compaction rewrites the history before since: do it when since moved by a quarter of
         # the retention, not on every tick, so its cost stays proportional to the data.
@@ -444,8 +451,9 @@ def compact(name: str, runtime: Where = None, now: int | None = None, spark=None
         except ConcurrentWriteError as e:  # a racing tick or compaction: nothing lost, the next run compacts
             log.warning("%s: compaction to %d lost a race (%s); the next compaction goes on", name, since, e)
             return {"since": ctx.tables.since(), "compacted": False, "raced": str(e)}
-        pruned = prune_landing(name, ctx)
-    return {"since": since, "compacted": True, "landing_files_pruned": pruned, "retired": retire(name, runtime)}
+        pruned, typed = prune_landing(name, ctx), compact_typed(name, ctx, since)
+    return {"since": since, "compacted": True, "landing_files_pruned": pruned, "retired": retire(name, runtime),
+            **({"typed_folded": typed} if typed else {})}
 
 
 def _consumers_progress(name: str, runtime: Runtime) -> list[int]:

@@ -2,15 +2,15 @@
 
 ``register_as_of(spark, t, names)`` makes each source a Spark temp view holding its
 contents at IntoTime ``t`` (and ``<name>_progress`` with its remap; for a Postgres source also one typed
-view per table, ``<name>_<table>``: :mod:`reclock.pg_types`), after checking
+view per table, ``<name>_<table>``, read from its typed table: :mod:`reclock.typed_tables`), after checking
 that ``t`` is readable for every source: not compacted away (``t >= since``) and
 complete (``t`` below both the remap and the reclocked uppers).
 
-``duckdb_as_of(t, names)`` makes the same views (but the typed ones) in a DuckDB connection, read through
+``duckdb_as_of(t, names)`` makes the same views in a DuckDB connection, read through
 delta-rs with no JVM: the published table at one Delta version, scanned as Arrow with ``into_time <= t`` pushed
 down (a table whose every diff is 1, by its file statistics, read as it is: nothing to consolidate).  Law: for
-every source and every readable ``t``, its views hold the same rows (as multisets) as the Spark ones, and a ``t`` one refuses the other refuses with the same error.  A source with typed views (Postgres)
-is Spark's (:func:`spark_needed`).
+every source and every readable ``t``, its views hold the same rows (as multisets) as the Spark ones, and a ``t`` one
+refuses the other refuses with the same error.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Any
 from . import offsets
 from .engine import RemapError, timestamp_resumption_frontier
 from .runtime import Runtime, Where
-from .sources import source_class
 from .sources.base import TableColumns, offers
 from .storage.files import diff_range
+from .typed_tables import as_of_duckdb, as_of_spark, typed_problem
 
 
 class QueryError(ValueError):
@@ -90,7 +90,9 @@ def register_as_of(spark, t: int, names: list[str] | None = None, runtime: Where
             contents = contents.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).drop("_n", "_i")
             contents.createOrReplaceTempView(name)
             if offers(ctx.source, TableColumns):
-                _register_typed(df, contents, name, ctx.source.table_columns)
+                if problem := typed_problem(name, ctx.tables, t):
+                    raise QueryError(problem)
+                as_of_spark(spark, name, ctx.tables, df, t, ctx.source.table_columns)
             offset_type = ctx.tables.offset_type
             progress = _progress_rows(remap, t, offset_type)
             schema = f"into_time long, partition string, offset {offsets.sql_type(offset_type)}"
@@ -107,21 +109,6 @@ def _progress_rows(remap, t: int, offset_type) -> list[tuple]:
                 for r in remap.progress() if r.into_time <= t]
     except RemapError as e:
         raise QueryError(str(e)) from e
-
-
-def _register_typed(df, contents, name: str, column: str) -> None:
-    """A typed view per upstream table (:func:`reclock.pg_types.view_name`): its rows of ``contents`` with the
-    columns of the table's latest record in ``df``, the published history (:mod:`reclock.pg_types`)."""
-    from pyspark.sql import functions as F
-
-    from .pg_types import parse_columns, typed_columns, view_name
-
-    position = F.struct("into_time", (F.col("partition") == "").alias("change"), "offset", "seq")
-    latest = df.where(F.col(column).isNotNull()).groupBy("table").agg(F.max_by(column, position).alias(column))
-    for r in latest.collect():
-        rows = contents.where(F.col("table") == r["table"])
-        rows.select(*typed_columns(F.col("row"), parse_columns(r[column]))).createOrReplaceTempView(
-            view_name(name, r["table"]))
 
 
 def query_as_of(spark, sql: str, t: int, names: list[str] | None = None, runtime: Where = None):
@@ -157,25 +144,14 @@ def publish_as_of(target: str, sql: str, names: list[str], runtime: Where = None
 # --- without a JVM: DuckDB over the published tables ------------------------------------------------------------
 
 
-def spark_needed(names: list[str], runtime: Where = None) -> str | None:
-    """Why the sources ``names`` can only be queried through Spark (a typed view per upstream table, built by
-    Spark SQL: :mod:`reclock.pg_types`), or None."""
-    config = Runtime.of(runtime).config
-    typed = [n for n in names if offers(source_class(config.source(n).kind), TableColumns)]
-    return (f"{', '.join(typed)}: the typed views of its upstream tables are Spark's (query with --engine spark)"
-            if typed else None)
-
-
 def duckdb_as_of(t: int, names: list[str] | None = None, runtime: Where = None, con=None):
     """A DuckDB connection (``con``, or a new in-memory one) with the views ``<name>`` and ``<name>_progress`` of
-    every named source as of IntoTime ``t`` (those of :func:`register_as_of` but the typed ones), after the same
-    checks; ``(con, counts)``."""
+    every named source as of IntoTime ``t`` (and a Postgres source's typed views: those of :func:`register_as_of`),
+    after the same checks; ``(con, counts)``."""
     import duckdb
 
     runtime = Runtime.of(runtime)
     names = names or list(runtime.config.sources)
-    if problem := spark_needed(names, runtime):
-        raise QueryError(problem)
     con = con if con is not None else duckdb.connect()
     counts = {}
     for name in names:
@@ -219,6 +195,10 @@ def _duckdb_source(con, name: str, t: int, ctx) -> int:
             raise QueryError(f"{name}: negative multiplicity as of {t}: the reclocked history is inconsistent")
         con.execute(f"CREATE OR REPLACE TEMP VIEW {_quote(name)} AS SELECT {quoted} FROM ({counted}) AS c, "
                     "range(c._n)")
+    if offers(ctx.source, TableColumns):
+        if problem := typed_problem(name, ctx.tables, t):
+            raise QueryError(problem)
+        as_of_duckdb(con, name, ctx.tables, scratch, t, ctx.source.table_columns)
     offset_type = ctx.tables.offset_type
     progress = _progress_rows(remap, t, offset_type)
     offset_arrow = pa.string() if offsets.is_big(offset_type) else pa.int64()

@@ -8,7 +8,9 @@ writes), committed atomically with the rows they describe:
 * remap, app ``reclock.since``: version = the compaction frontier ``since``;
 * reclocked, app ``reclock.reclocked``: version = the last published IntoTime;
 * dead_letter, app ``reclock.dead_letter``: version = the last published IntoTime whose dead letters are in;
-* landing, app ``reclock.landing``: version = the number of landings.
+* landing, app ``reclock.landing``: version = the number of landings;
+* reclocked, app ``reclock.typed``: the typed frontier; each typed table, app ``reclock.typed``: version = the last
+  IntoTime whose rows it holds (:mod:`reclock.storage.typed`).
 
 Every commit, its writer (:mod:`reclock.storage.commits` holds each mechanism), and why two racing writers (a
 schedule and a manual run, two workers, a retried task beside a slow one) cannot both win:
@@ -41,6 +43,11 @@ prune of the landing        landing      delta-rs (removes     removes only file
                                                                (it only adds), refused by a racing prune
 backfill repair             reclocked    delta-rs (files by    as a compaction rewrite, of the window's rows
                                          Spark)
+typed rows                  typed table  delta-rs (files by    as a tick's, with ``reclock.typed`` (and an added
+                                         Spark)                column first; a rewrite whole is one overwrite)
+typed frontier              reclocked    delta-rs              as a tick's, with ``reclock.typed``
+compaction, backfill        typed table  delta-rs (files by    as a compaction rewrite of reclocked
+repair of typed rows                     Spark)
 transactions step           txn tables   delta-rs (pyarrow)    as a tick's, with ``reclock.txn_output``/``_temp``
 AS OF result at ``t``       its target   delta-rs (files by    as a compaction rewrite, of the rows ``as_of = t``
                                          Spark)                (:meth:`Warehouse.replace_rows`)
@@ -61,7 +68,7 @@ before a commit (a crash in between leaves them to VACUUM).
 **The modules.**  :mod:`~reclock.storage.layout` (where things lie, schemas, errors), :mod:`~.commits` (every
 commit), :mod:`~.files` (Parquet footers and Delta statistics, no JVM), :mod:`~.tables` (opening, creating,
 reading, the tick), :mod:`~.upstream`, :mod:`~.landing`, :mod:`~.staging` (staged batches and their publish),
-:mod:`~.compaction`, :mod:`~.rewrites` (rows in a range of a column replaced: Spark writes, delta-rs commits),
+:mod:`~.compaction`, :mod:`~.typed` (the typed tables of a Postgres source), :mod:`~.rewrites` (rows in a range of a column replaced: Spark writes, delta-rs commits),
 :mod:`~.side_files` (JSON documents beside the tables), :mod:`~.frames` (Spark frames of Arrow
 rows).  Reads that need no JVM use delta-rs (versions, app transactions, remap, file statistics); everything else
 reads through Spark, AS OF reads at a pinned table version (``versionAsOf``).
@@ -86,6 +93,7 @@ from .landing import LandingTables
 from .layout import (KINDS, SUCCESS, ConcurrentWriteError, Kind, WarehouseError, arrow_schema, dead_letter_schema,
                      reclocked_schema, remap_schema, same_columns, schema_diff, spark_uri)
 from .staging import StagingTables
+from .typed import TypedTables
 from .upstream import UpstreamRecord, UpstreamTables
 
 __all__ = [
@@ -97,8 +105,9 @@ __all__ = [
 ]
 
 
-class SourceTables(StagingTables, LandingTables, UpstreamTables, CompactingTables):
-    """The Delta tables of one source: remap and reclocked, the landing and dead letters (see the modules)."""
+class SourceTables(StagingTables, LandingTables, UpstreamTables, CompactingTables, TypedTables):
+    """The Delta tables of one source: remap and reclocked, the landing and dead letters, the typed tables (see the
+    modules)."""
 
 
 class Warehouse:

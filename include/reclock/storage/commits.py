@@ -7,6 +7,7 @@ a local disk, a conditional write (``If-None-Match``) on S3, atomic across proce
 are written by delta-rs alone.  :func:`create_table`, :func:`commit_added` (files already written, by Spark or
 pyarrow, or written inside the commit's crash points), :func:`append_rows` (rows in Arrow), :func:`set_properties`,
 :func:`overwrite_rows_where` (rows in Arrow), :func:`replace_files` (a rewrite Spark computed and wrote),
+:func:`overwrite_added` (a whole table's files and columns replaced), :func:`add_columns`,
 :func:`optimize`, :func:`vacuum`.  Each is observed as :mod:`reclock.points`'s commit ``tick``, ``publish``,
 ``compact``, ``compact-remap``, ``compact-reclocked``, ``backfill-repair`` or its app transaction's name; a Delta
 conflict (another writer committed first, nothing committed here) is raised as
@@ -85,6 +86,27 @@ def commit_added(dt: DeltaTable, added, app_id: str, version: int, metadata: dic
             dt.create_write_transaction(added, "append", dt.schema(), commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id, version, now_ms())],
                 custom_metadata=None if metadata is None else {"userMetadata": json.dumps(metadata, sort_keys=True)}))
+
+
+def overwrite_added(dt: DeltaTable, added, schema, app_id: str, version: int) -> None:
+    """Replace every row of the table ``dt`` was read at by ``added`` files (add actions of files written already)
+    and its columns by ``schema``, with the app transaction ``app_id`` = ``version``, in one delta-rs commit; refused
+    as :func:`commit_added` (:class:`ConcurrentWriteError`, nothing replaced)."""
+    from deltalake import CommitProperties, Transaction
+
+    uri = dt.table_uri
+    with points.commit(_POINTS.get(app_id, app_id), uri), _app_conflicts(uri, app_id, version):
+        dt.create_write_transaction(added, "overwrite", schema, commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id, version, now_ms())]))
+
+
+def add_columns(dt: DeltaTable, fields) -> None:
+    """Add the nullable columns ``fields`` (Arrow fields, their metadata kept) to the table ``dt`` was read at, in
+    one delta-rs commit (rows written before read them as NULL)."""
+    from deltalake import Field
+
+    with _delta_rs_conflicts(f"{dt.table_uri}: another writer committed while columns were added; none added"):
+        dt.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in fields])
 
 
 def set_properties(dt: DeltaTable, values: dict[str, str], what: str) -> None:

@@ -1,7 +1,8 @@
 """Where a source's tables and files lie, what their rows look like, and what storage raises.
 
 A source ``<name>`` keeps, under the warehouse root, ``<name>/remap``, ``<name>/reclocked``, ``<name>/landing`` and
-``<name>/dead_letter`` (Delta tables named ``<name>_<kind>``), its staged batches under
+``<name>/dead_letter`` (Delta tables named ``<name>_<kind>``), a Postgres source's typed tables
+``<name>/typed/<schema.table>`` (:mod:`reclock.storage.typed`), its staged batches under
 ``<name>/reclocked/staged/upto=<t>/<attempt>/`` (inside the reclocked table's directory, outside its Delta log, so no
 reader sees them), and side files beside them (:mod:`reclock.storage.side_files`).  A transactions step ``<name>``
 keeps ``<name>_txn_output`` and ``<name>_txn_temp`` (:meth:`reclock.storage.Warehouse.txn_table_uri`).  Spark

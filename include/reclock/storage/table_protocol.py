@@ -44,17 +44,19 @@ class Protocol(NamedTuple):
     reader_features: Sequence[str] | None = None
 
 
-def protocol_problems(protocol: Protocol, configuration: Mapping[str, str | None] | None = None) -> list[str]:
+def protocol_problems(protocol: Protocol, configuration: Mapping[str, str | None] | None = None,
+                      allowed: frozenset[str] = frozenset()) -> list[str]:
     """What in a table's ``protocol`` and table properties ``configuration`` reclock cannot read or write: []
-    when the table is reclock's to go on with (the module's law)."""
+    when the table is reclock's to go on with (the module's law); ``allowed``: features the table may have besides
+    (a typed table's: :data:`reclock.storage.typed.TYPED_FEATURES`)."""
     problems: list[str] = []
     reader, writer = protocol.min_reader_version, protocol.min_writer_version
     if reader == 3:
-        problems += [f"reader feature {f}" for f in sorted(set(protocol.reader_features or ()))]
+        problems += [f"reader feature {f}" for f in sorted(set(protocol.reader_features or ()) - allowed)]
     elif reader != 1:
         problems.append(f"reader version {reader}" + (f": {_LEGACY_NEEDS[reader]}" if reader in _LEGACY_NEEDS else ""))
     if writer == 7:
-        problems += [f"writer feature {f}" for f in sorted(set(protocol.writer_features or ()) - WRITABLE_FEATURES
+        problems += [f"writer feature {f}" for f in sorted(set(protocol.writer_features or ()) - WRITABLE_FEATURES - allowed
                                                            - {f for f in protocol.reader_features or ()})]
     elif writer not in WRITABLE_LEGACY_WRITERS:
         problems.append(f"writer version {writer}" + (f": {_LEGACY_NEEDS[writer]}" if writer in _LEGACY_NEEDS else ""))
