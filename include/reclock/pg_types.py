@@ -1,4 +1,4 @@
-"""Postgres columns as Spark columns: the row JSON a Postgres source stores, and the typed view of a table.
+"""Postgres columns as Spark columns: the row JSON a Postgres source stores, and a table's typed columns.
 
 **Stored row** (:mod:`reclock.sources.postgres`, changes and snapshot alike): a JSON object of the row's
 *non-NULL* columns (a NULL is a missing key, so a row read before and after ``ADD COLUMN c`` is the
@@ -12,14 +12,11 @@ same text), each value :func:`json_value` of its text as the type's output funct
 
 Each record also carries its table's columns ``[[name, type OID, typmod], ...]`` (JSON, in the
 table's order) as Postgres described them for that change: pgoutput's Relation message, or the
-catalog at the snapshot.  Those are what the typed view is built from.
+catalog at the snapshot.  Those are what the typed tables are built from.
 
-**Typed view** of a table with columns ``cs``, those of its latest published record (within an epoch columns
-are only added, so earlier rows read NULL for a later column; after a new epoch's snapshot the view has the
-columns of the snapshot and later changes, and a column it dropped stays only in the stored ``row`` of
-earlier times): for each ``(name, oid, typmod)`` in ``cs`` a column
-``name`` of Spark type ``spark_type(oid, typmod)`` whose value is ``parse(oid, typmod)(row[name])``, a
-missing key being NULL:
+**Typed columns** (:func:`typed_columns`; the typed tables of :mod:`reclock.typed_tables` are made of them): for
+each ``(name, oid, typmod)`` of a table's columns a column ``name`` of Spark type ``spark_type(oid, typmod)`` whose
+value is ``parse(oid, typmod)(row[name])``, a missing key being NULL:
 
 =========================================  ==========================  ===========================================
 Postgres (OID)                             Spark                       parse of the text ``v``
@@ -61,7 +58,7 @@ SCALARS: dict[int, tuple[str, str]] = {
     TIMESTAMPTZ: ("timestamp", "time"), BYTEA: ("binary", "hex"), JSON: ("string", "text"),
     JSONB: ("string", "text"),
 }
-#: Array types -> element type (``pg_type.typelem``) of the built-in types the typed view parses.
+#: Array types -> element type (``pg_type.typelem``) of the built-in types typed columns parse.
 ELEMENTS: dict[int, int] = {
     1005: INT2, 1007: INT4, 1016: INT8, 1028: OID, 1000: BOOL, 1021: FLOAT4, 1022: FLOAT8, 1231: NUMERIC,
     1182: DATE, 1115: TIMESTAMP, 1185: TIMESTAMPTZ, 1001: BYTEA, 199: JSON, 3807: JSONB,
@@ -161,7 +158,7 @@ def _parse_level(text: str, pos: int) -> tuple[list, int]:
         pos += 1
 
 
-# --- the typed view ---
+# --- typed columns ---
 
 
 def _decimal(typmod: int) -> tuple[int, int] | None:
@@ -208,7 +205,7 @@ def parse(value, oid: int, typmod: int = -1):
 
 
 def typed_columns(row, columns: Sequence[Column]) -> list:
-    """Spark Columns of a table's typed view from ``row`` (a string Column of stored rows), named as the table's."""
+    """Spark Columns of a table's typed columns from ``row`` (a string Column of stored rows), named as the table's."""
     from pyspark.sql import functions as F
 
     fields = F.from_json(row, ", ".join(f"`{c.name.replace('`', '``')}` string" for c in columns))

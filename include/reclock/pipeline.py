@@ -391,7 +391,12 @@ def publish(name: str, runtime: Where = None, spark=None) -> dict:
     """
     with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx:
         done = _publish(name, ctx)
-        return {**done, **({"typed": typed} if (typed := type_published(name, ctx)) else {})}
+        try:
+            typed = type_published(name, ctx)
+        except ConcurrentWriteError as e:  # another run types the same rows: it, or the next publish, goes on
+            log.warning("%s: typing what is published lost a race (%s); the next publish types the rest", name, e)
+            typed = {"raced": str(e)}
+        return {**done, **({"typed": typed} if typed else {})}
 
 
 def _publish(name: str, ctx: SourceContext) -> dict:

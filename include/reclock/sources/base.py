@@ -143,7 +143,8 @@ class Truncating(Protocol):
 
 class TableColumns(Protocol):
     """A source whose records carry each table's columns (Postgres): staging refuses a change of them that the
-    stored rows cannot follow, and AS OF queries get a typed view per table (:mod:`reclock.pg_types`)."""
+    stored rows cannot follow, and every publish types its rows into a typed Delta table per table, read by AS OF
+    queries as a typed view (:mod:`reclock.typed_tables`)."""
 
     #: The data column holding a record's table columns.
     table_columns: str

@@ -30,7 +30,12 @@ never read does not hold a child back: the history begins after it.
 upstream's :meth:`identity`, recorded with remap at the first tick) or a deleted stream.  Records that
 may have expired before they were landed: a shard last read to its end at ``T`` holds every record not
 yet landed only while ``now < T + RetentionPeriodHours``; past that, records may be gone (Kinesis trims
-by age), and the tick refuses naming the shard and the last landed sequence number (:func:`expiry_problems`).
+by age), and the tick refuses naming the shard and the last landed sequence number (:func:`expiry_problems`),
+unless the shard still holds the last record landed from it: Kinesis trims a shard's oldest records first, so a
+shard holding that record holds every record after it, and nothing was lost (an idle stream whose records
+Kinesis has not trimmed yet).  A shard that no longer holds it may have lost records after it, or none (nothing
+arrived): Kinesis tells the two apart in no way (sequence numbers are not dense, and a trimmed shard looks the
+same), so it is refused.
 
 **Resumption.**  There is no consumer group upstream: :meth:`commit` writes the offset resumption
 frontier to a small JSON file in the source's state folder (``state_url``; the pipeline gives it
@@ -176,6 +181,20 @@ class KinesisSource:
                   {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": str(after)})
         return self._call("get_shard_iterator", StreamName=self.stream, ShardId=shard, **kwargs)["ShardIterator"]
 
+    def _holds(self, shard: str, seq: int) -> bool:
+        """Whether ``shard`` still holds the record with sequence number ``seq`` (-1: none asked, False): then it
+        holds every record after it too (Kinesis trims a shard's oldest records first), and nothing after it
+        expired (module doc).  A record trimmed, or an iterator that does not start at it: False."""
+        if seq < 0:
+            return False
+        try:
+            iterator = self._call("get_shard_iterator", StreamName=self.stream, ShardId=shard,
+                                  ShardIteratorType="AT_SEQUENCE_NUMBER", StartingSequenceNumber=str(seq))
+            page = self._call("get_records", ShardIterator=iterator["ShardIterator"], Limit=1)
+        except SourceError:
+            return False
+        return bool(page["Records"]) and int(page["Records"][0]["SequenceNumber"]) == seq
+
     @staticmethod
     def _record(record: dict) -> dict[str, Any]:
         arrival = record.get("ApproximateArrivalTimestamp")
@@ -199,7 +218,10 @@ class KinesisSource:
         gone = [p for p, u in landed if p not in listed and p not in complete]
         problems = [f"shard {p}: expired before it was read to its end (last landed sequence number {u - 1})"
                     for p, u in sorted(landed) if p in gone]
-        problems += expiry_problems(readable, landed, read_to, now_ms(), retention_ms)
+        now = now_ms()
+        late = [s for s in readable if expiry_problems([s], landed, read_to, now, retention_ms)]
+        problems += expiry_problems([s for s in late if not self._holds(s, landed[s] - 1)], landed, read_to, now,
+                                    retention_ms)
         if problems:
             raise SourceError(f"{self!r}: records may have expired before they were landed: " + "; ".join(problems)
                               + " (Kinesis trims records older than the stream's retention); nothing landed")

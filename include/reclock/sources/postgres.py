@@ -95,7 +95,7 @@ class PostgresSource:
     #: The first tick lands the initial snapshot (the ``snapshot`` option; reclock.sources.base.Snapshotting).
     snapshot = True
     #: The data column holding each record's table columns: staging refuses a change it cannot follow and
-    #: AS OF queries get a typed view per table (reclock.pg_types).
+    #: every publish types the rows into a typed table per table (reclock.typed_tables).
     table_columns = "columns"
 
     def __init__(self, dsn: str, slot: str, publication: str | None = None, tables: Sequence[str] = (),

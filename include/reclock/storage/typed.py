@@ -53,8 +53,8 @@ class TypedTables(Tables):
         return self._app_version("reclocked", TYPED_APP, -1)
 
     def mark_typed(self, upto: int) -> bool:
-        """Record the typed frontier ``upto`` on the reclocked table (an app transaction alone, one delta-rs commit);
-        False when it is there already.  A racing mark of the same or a later frontier: :class:`ConcurrentWriteError`."""
+        """Record the typed frontier ``upto`` on the reclocked table (an app transaction alone, one delta-rs
+        commit); False when it is there already.  A racing mark: :class:`ConcurrentWriteError`."""
         dt = self.table("reclocked")
         if app_version(dt, TYPED_APP, -1) >= upto:
             return False
@@ -78,10 +78,9 @@ class TypedTables(Tables):
 
     def typed_tables(self) -> list[str]:
         """The upstream tables that have a typed table."""
-        fs = self._fs()
-        return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(TYPED, allow_not_found=True))
+        return sorted(i.base_name for i in self._fs().get_file_info(pafs.FileSelector(TYPED, allow_not_found=True))
                       if i.type == pafs.FileType.Directory
-                      and fs.get_file_info(f"{i.path}/_delta_log").type == pafs.FileType.Directory)
+                      and DeltaTable.is_deltatable(self.typed_uri(i.base_name), self.storage_options))
 
     def typed_version(self, table: str) -> int:
         """The last IntoTime the typed table of ``table`` holds (-1: none)."""
