@@ -51,10 +51,10 @@ def columns_of(schema: pa.Schema) -> list[Column]:
 
 
 def resolve(table: str, existing: list[Column], found: list[list[Column]]) -> tuple[list[Column], bool]:
-    """``(the typed columns, whether the table must be rewritten)`` of the typed table of ``table`` with columns ``existing`` to
-    which rows with each of the column lists ``found`` are added: the existing ones in their order, then those
-    first found, each with the type it had; a name with types differing in their Spark type becomes text, and the
-    table must be rewritten when an existing column is so changed (module doc)."""
+    """``(the typed columns, whether the table must be rewritten)`` of the typed table of ``table`` with columns
+    ``existing`` to which rows with each of the column lists ``found`` are added: the existing ones in their order,
+    then those first found, each with the type it had; a name with types differing in their Spark type becomes
+    text, and the table must be rewritten when an existing column is so changed (module doc)."""
     out: dict[str, Column] = {c.name: c for c in existing}
     for columns in found:
         for c in columns:
@@ -92,9 +92,10 @@ def typed_rows(records, columns: list[Column]):
 
 
 def type_published(name: str, ctx) -> dict:
-    """For a source offering :class:`~reclock.sources.base.TableColumns` (else {}), type the published rows beyond the typed frontier into the typed tables (module doc, "When"); what was
-    typed: ``{"typed_upto": P, "rows": {table: rows added}}``, or {} when nothing was to type.  Starts Spark only
-    when a published file holds rows beyond the frontier."""
+    """For a source offering :class:`~reclock.sources.base.TableColumns` (else {}), type the published rows beyond
+    the typed frontier into the typed tables (module doc, "When"); what was typed: ``{"typed_upto": P, "rows":
+    {table: rows added}}``, or {} when nothing was to type.  Starts Spark only when a published file holds rows
+    beyond the frontier."""
     from .sources.base import TableColumns, offers
 
     if not offers(ctx.upstream, TableColumns):
@@ -194,9 +195,10 @@ def compact_typed(name: str, ctx, since: int) -> list[str]:
 
 
 def retype_window(ctx, low: int | None, high: int) -> None:
-    """Rewrite the rows with ``low <= _into_time <= high`` (no lower bound when ``low`` is None) of every typed table from the reclocked rows there (a
-    backfill repair replaced them), a column the repaired rows have first added to the table; repaired rows giving a
-    column another type are refused (:class:`WarehouseError`, that table not rewritten)."""
+    """Rewrite the rows with ``low <= _into_time <= high`` (no lower bound when ``low`` is None) of every typed
+    table from the reclocked rows there (a backfill repair replaced them), a column the repaired rows have first
+    added to the table; repaired rows giving a column another type are refused (:class:`WarehouseError`, that table
+    not rewritten)."""
     from pyspark.sql import functions as F
 
     from .storage.rewrites import between
