@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reclock import offsets
-from reclock.checks import ChecksFailed, check_dead_letters, check_primary_keys, check_reclocked, check_remap
+from reclock.checks import (ChecksFailed, _by_binding, _duplicate_frame, _small_frame, check_dead_letters,
+                            check_primary_keys, check_reclocked, check_remap)
 from reclock.engine import Frontier, Remap, Update, reclock
 
 REMAP = (Remap()
@@ -249,7 +250,124 @@ def test_aggregate_checks_accept_what_the_per_record_law_accepts(spark, data):
                                else st.just([])))
     start = data.draw(st.sampled_from([None] + [s for s in (10, 20) if s <= remap.upper]))  # a window's start
     report = check_reclocked(spark_batch(spark, rows), remap, start)
-    assert set(report.failed) == per_record_failures(rows, remap, start), (rows, steps, start, report.summary())
+    failures = per_record_failures(rows, remap, start)
+    assert set(report.failed) == failures, (rows, steps, start, report.summary())
+    # The Arrow summary of the same rows, as files of the batch: it proves only batches whose records keep the
+    # laws it decides, and then makes the very frames Spark does.
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=2)))
+    summary = summary_of(rows, [0, *cuts, len(rows)], data.draw(st.integers(1, 4)))
+    assert summary_of(good, [0, len(good) // 2, len(good)], 3).proved(remap)  # a healthy batch as staged
+    if summary.proved(remap):
+        from pyspark.sql import functions as F
+
+        assert not failures & SUMMARY_LAWS, (rows, steps)
+        batch = spark_batch(spark, rows)
+        assert frame_rows(summary.binding_frame()) == frame_rows(_small_frame(_by_binding(batch, remap, {
+            "zero_diffs": F.sum((F.col("diff") == 0).cast("long")),
+            "first_zero_diff": F.min(F.when(F.col("diff") == 0, F.col("offset")))})))
+        assert frame_rows(summary.duplicate_frame()) == frame_rows(_duplicate_frame(batch))
+
+
+SUMMARY_LAWS = {"reclocked.first_covering_binding", "reclocked.within_frontier", "reclocked.diff_non_zero",
+                "reclocked.offsets_unique"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_summary_proves_no_batch_a_record_of_which_breaks_its_laws(data):
+    """The Arrow summary (no Spark) of random batches near healthy ones, as files read in record batches: a batch a
+    record of which is beyond the frontier, off its covering binding, of diff 0 or a repeated offset is never
+    proved; a healthy batch in the order it was staged always is."""
+    steps = data.draw(st.lists(st.dictionaries(st.sampled_from([0, 1, 2]), st.integers(1, 40), min_size=1),
+                               min_size=1, max_size=3))
+    remap, upper = Remap(), {}
+    for i, step in enumerate(steps):
+        upper = {p: upper.get(p, 0) + step.get(p, 0) for p in {*upper, *step}}
+        remap = remap.mint(10 * (i + 1), Frontier.of(upper))
+    good = [("x", r.partition, o, r.into_time, 1) for r in remap.ranges(0) for o in range(r.start, r.end)]
+    rows = list(good)
+    for _ in range(data.draw(st.integers(0, 2))):  # changes: a field of a record, a record again, one dropped
+        i = data.draw(st.integers(0, len(rows) - 1))
+        change = data.draw(st.sampled_from(["fields", "again", "drop", "swap"]))
+        if change == "again":
+            rows.insert(data.draw(st.integers(0, len(rows))), rows[i])
+        elif change == "drop":
+            del rows[i]
+        elif change == "swap":
+            j = data.draw(st.integers(0, len(rows) - 1))
+            rows[i], rows[j] = rows[j], rows[i]
+        else:  # one or two fields of a record
+            row = list(rows[i])
+            for name in data.draw(st.sets(st.sampled_from(["partition", "offset", "into_time", "diff"]), min_size=1,
+                                          max_size=2)):
+                row[["data", "partition", "offset", "into_time", "diff"].index(name)] = data.draw({
+                    "partition": st.sampled_from([0, 1, 2, 7, None]), "offset": st.one_of(st.integers(-2, 130),
+                                                                                          st.none()),
+                    "into_time": st.sampled_from([None, 5, 10, 20, 30, 40]), "diff": st.sampled_from([0, 1, -1])}[name])
+            rows[i] = tuple(row)
+        if not rows:
+            break
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=3)))
+    summary = summary_of(rows, [0, *cuts, len(rows)], data.draw(st.integers(1, 50)))
+    if rows == good:
+        assert summary.proved(remap)
+    if summary.proved(remap):
+        assert not per_record_failures(rows, remap, None) & SUMMARY_LAWS, rows
+
+
+GOOD = list(reclock(UPDATES, REMAP))  # REMAP's records, as staged: (0, 0..2) at 10, (0, 3..4) at 20, (1, 2..3) at 30
+
+
+@pytest.mark.parametrize("rows, cuts, proved", [
+    (GOOD, [], True),
+    (GOOD, [3, 5], True),  # files of a partition's consecutive offsets
+    ([], [], True),
+    (GOOD + [("x", 0, 5, None, 1)], [], False),  # unstamped, beyond the frontier (the stamped check names it)
+    (GOOD + [("x", 0, 4, None, 1)], [], False),  # offset 4 of partition 0 twice
+    (GOOD[:-1] + [("x", 1, 3, None, 1)], [], True),  # unstamped only: the stamped check fails it
+    (GOOD + [("x", 7, 0, 30, 1)], [], False),  # a partition the remap does not know
+    (GOOD + [("x", None, 0, 30, 1)], [], False),
+    (GOOD + [("x", 1, None, 30, 1)], [], False),
+    ([r._replace(into_time=20) if r.offset == 2 and r.partition == 0 else r for r in GOOD], [], False),  # not its
+    ([r._replace(into_time=10) if r.offset == 3 and r.partition == 0 else r for r in GOOD], [], False),  # binding
+    ([r._replace(diff=0) if r.offset == 3 else r for r in GOOD], [], False),
+    (GOOD[1:] + GOOD[:1], [], False),  # offset 0 after 4 in one file: not proved unique (Spark counts them)
+    (GOOD[1:] + GOOD[:1], [8], True),  # ... in a file of its own: the files' intervals are disjoint
+    (GOOD + GOOD[:1], [9], False),  # offset 0 in two files
+    (GOOD[:2] + GOOD[1:], [], False),  # offset 1 twice in a row
+], ids=["healthy", "three-files", "empty", "unstamped-beyond", "unstamped-twice", "unstamped", "unknown-partition",
+        "null-partition", "null-offset", "later-binding", "earlier-binding", "zero-diff", "out-of-order",
+        "own-file", "in-two-files", "repeated"])
+def test_what_a_summary_proves(rows, cuts, proved):
+    for batch_rows in (1, 4):  # each record a batch of its own; records of two partitions in a batch
+        assert summary_of(rows, [0, *cuts, len(rows)], batch_rows).proved(REMAP) == proved, batch_rows
+
+
+def test_a_summary_of_a_source_whose_records_are_diffs_proves_repeated_offsets():
+    assert summary_of(GOOD + GOOD[:1], [0, 10], 4).proved(REMAP, offsets_unique=False)  # a change's -1 and +1
+    assert not summary_of(GOOD + [("x", 1, None, 30, 1)], [0, 10], 4).proved(REMAP, offsets_unique=False)
+
+
+def summary_of(rows, cuts: list[int], batch_rows: int):
+    """:func:`reclock.batch_summary.summarize` of ``rows`` as files ``rows[cuts[i]:cuts[i + 1]]``, read in record
+    batches of ``batch_rows``."""
+    import pyarrow as pa
+
+    from reclock.batch_summary import COLUMNS, summarize
+
+    schema = pa.schema([("data", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("into_time", pa.int64()), ("diff", pa.int64())])
+    files = [pa.Table.from_pylist([dict(zip(schema.names, r)) for r in rows[a:b]], schema)
+             for a, b in zip(cuts, cuts[1:])]
+    strict = pa.schema([f.with_nullable(False) if f.name in ("partition", "into_time") else f for f in schema])
+    files = [t.cast(strict) if i % 2 and not (t["partition"].null_count or t["into_time"].null_count) else t
+             for i, t in enumerate(files)]  # the files of a batch may differ in their fields' nullability
+    return summarize((t.select(COLUMNS).to_batches(max_chunksize=batch_rows) for t in files))
+
+
+def frame_rows(frame: pd.DataFrame) -> list[tuple]:
+    return sorted((tuple(None if pd.isna(v) else v for v in r) for r in frame[sorted(frame.columns)].itertuples(
+        index=False)), key=repr)
 
 
 def dead_letter_rows(rows) -> list[tuple]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from . import offsets
 from .engine import Remap
 from .runtime import SourceContext
 from .sources.base import PrimaryKeys, offers
@@ -51,23 +52,33 @@ def idle_check(name: str, ctx: SourceContext, remap: Remap, window: tuple[int, i
 
 
 def check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
-    """The checks of the staged batch of ``window`` (Spark DataFrames of the staged Parquet files)."""
+    """The checks of the staged batch of ``window``: summarized with Arrow first (:mod:`reclock.batch_summary`),
+    read in Spark (DataFrames of the staged Parquet files) only by the checks the summary does not settle."""
+    from .batch_summary import COLUMNS, summarize
     from .checks import check_consolidated, check_dead_letters, check_primary_keys, check_reclocked
-    from .spark.labels import offset_label
 
     start, upto = window
-    batch = ctx.tables.read_staged_spark(upto)
+    read: list = []
+
+    def batch():  # the staged batch in Spark, read once, by the first check that needs it
+        if not read:
+            read.append(ctx.tables.read_staged_spark(upto))
+        return read[0]
+
+    summary = summarize(ctx.tables.staged_batches(upto, COLUMNS)) if ctx.tables.offset_type == offsets.INT64 else None
     results = {"reclocked": check_reclocked(batch, remap, start, offsets_unique=ctx.config.offsets_unique, gx=gx,
-                                            empty=ctx.tables.staged_rows(upto) == 0)}
+                                            empty=ctx.tables.staged_rows(upto) == 0, summary=summary)}
     if (dead_letters := ctx.tables.read_staged_dead_letters_spark(upto)) is not None:
-        results["dead_letter"] = check_dead_letters(dead_letters, batch, remap, start, gx=gx)
+        results["dead_letter"] = check_dead_letters(dead_letters, batch(), remap, start, gx=gx)
     if not ctx.config.offsets_unique:  # records are diffs
+        from .spark.labels import offset_label
+
         label = offset_label(ctx.config.kind)
         published = ctx.tables.read_reclocked_spark()
         results["history"] = check_consolidated(
-            published, batch, list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
+            published, batch(), list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
             label, gx=gx)
         if offers(ctx.source, PrimaryKeys):
             keys = (ctx.tables.staged_metadata(upto) or {}).get("primary_keys")
-            results["primary_key"] = check_primary_keys(published, batch, keys, label, gx=gx)
+            results["primary_key"] = check_primary_keys(published, batch(), keys, label, gx=gx)
     return results

@@ -122,21 +122,29 @@ def _int64_or_sign(sums: pd.Series) -> pd.Series:
 
 
 def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_unique: bool = True,
-                    gx=None, empty: bool = False) -> CheckReport:
-    """Check a staged reclocked batch (a Spark DataFrame with partition, offset, into_time, diff), aggregated in
-    Spark (module docstring): nothing of the batch is collected but a few rows per (partition, binding).
+                    gx=None, empty: bool = False, summary=None) -> CheckReport:
+    """Check a staged reclocked batch (a Spark DataFrame with partition, offset, into_time, diff, or a function
+    making it), aggregated in Spark (module docstring): nothing of the batch is collected but a few rows per
+    (partition, binding).
 
     ``start``: first IntoTime of the pending window: every record must lie in ``[start, remap.upper)`` (nothing
     already published is staged again); None: below ``remap.upper`` only.
     ``offsets_unique``: one record per offset (Kafka), so ``(partition, offset)`` is a key.
     ``empty``: the batch is known to have no rows (its files' footers say so): its aggregates are the empty frames of
     their schemas, with no Spark job (a tick with no new records).
+    ``summary``: the batch's :class:`reclock.batch_summary.Summary`; when it proves the per-record laws, the
+    frames are made from it and the batch is not read in Spark (a function ``batch`` is not called).
     """
-    from pyspark.sql import functions as F
+    proved = summary is not None and summary.proved(remap, offsets_unique)
+    if proved:
+        frame = summary.binding_frame()
+    else:
+        from pyspark.sql import functions as F
 
-    zero = F.coalesce(F.col("diff") == 0, F.lit(False))
-    frame = _small_frame(_by_binding(batch, remap, {
-        "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}), empty)
+        batch = batch() if callable(batch) else batch
+        zero = F.coalesce(F.col("diff") == 0, F.lit(False))
+        frame = _small_frame(_by_binding(batch, remap, {
+            "zero_diffs": F.sum(zero.cast("long")), "first_zero_diff": F.min(F.when(zero, F.col("offset")))}), empty)
     params = _window(remap, start)
     runs = [run_suite(gx, "reclocked", frame, ["partition", "into_time"], params, {
         "reclocked.stamped": _unstamped,
@@ -145,7 +153,7 @@ def check_reclocked(batch, remap: Remap, start: int | None = None, *, offsets_un
         "reclocked.diff_non_zero": _counted("zero_diffs", "first_zero_diff"),
         "reclocked.in_window": _outside(params)})]
     if offsets_unique:
-        keys = _duplicate_frame(batch, empty)
+        keys = summary.duplicate_frame() if proved else _duplicate_frame(batch, empty)
         runs.append(run_suite(gx, "reclocked_keys", keys, ["partition"], params, {
             "reclocked.offsets_unique": _duplicate_keys(batch, keys)}))
     return report_of("reclocked batch", _records(frame), runs)
@@ -428,7 +436,8 @@ def _duplicate_keys(batch, keys: pd.DataFrame) -> Named:
     def named(frame: pd.DataFrame) -> tuple[int, list]:
         from pyspark.sql import functions as F
 
-        counts = batch.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("records"))
+        df = batch() if callable(batch) else batch
+        counts = df.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("records"))
         sample = [{"partition": r["partition"], "offset": r["offset"], "records": r["records"]}
                   for r in counts.where(F.col("records") > 1).orderBy("partition", "offset").limit(SAMPLE).collect()]
         return int(frame["duplicated_records"].sum()), sample  # the sample is only asked for on a failure

@@ -19,6 +19,7 @@ import logging
 
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from . import commits
 from .commits import DEAD_LETTER_APP, RECLOCKED_APP, app_version
@@ -29,6 +30,9 @@ from .side_files import write_json
 from .tables import Tables
 
 log = logging.getLogger("reclock")
+
+#: Rows of a staged file read at once by :meth:`StagingTables.staged_batches`.
+BATCH_ROWS = 1 << 20
 
 
 class StagingTables(Tables):
@@ -133,6 +137,17 @@ class StagingTables(Tables):
         fs = self._fs()
         _, attempt = self._attempts(fs, upto)
         return footer_rows(fs, parquet_files(fs, attempt))
+
+    def staged_batches(self, upto: int, columns: list[str]) -> list:
+        """The latest complete staged attempt for ``upto``, read with Arrow (no Spark): per data file, an iterator of
+        its record batches of ``columns``, in the file's order (:func:`reclock.batch_summary.summarize`)."""
+        fs = self._fs()
+        _, attempt = self._attempts(fs, upto)
+
+        def batches(path: str):
+            with fs.open_input_file(path) as f:
+                yield from pq.ParquetFile(f).iter_batches(columns=columns, batch_size=BATCH_ROWS)
+        return [batches(i.path) for i in parquet_files(fs, attempt)]
 
     def staged_dead_letter_rows(self, upto: int) -> int | None:
         """The dead letters of the latest complete staged attempt for ``upto``, from their files' footers; None when
