@@ -44,6 +44,28 @@ def check_range(start: int, end: int, unit: str = "offset") -> None:
         raise SourceError(f"range end {end} is before start {start}")
 
 
+def arrow(make) -> "_ArrowAttribute":
+    """A source class's attribute of pyarrow types (``partition_type``, ``data_schema``), made on first use by
+    ``make(pyarrow)`` and then stored on the class: reading a source class's options (the sources file's
+    validation, every DAG parse) does not import pyarrow."""
+    return _ArrowAttribute(make)
+
+
+class _ArrowAttribute:
+    def __init__(self, make) -> None:
+        self._make = make
+
+    def __set_name__(self, owner, name: str) -> None:
+        self._name = name
+
+    def __get__(self, instance, owner):
+        import pyarrow
+
+        value = self._make(pyarrow)
+        setattr(owner, self._name, value)
+        return value
+
+
 class Source(Protocol):
     #: Arrow type of the partition key (int32 for Kafka, string for files/shards/Postgres).
     partition_type: pa.DataType

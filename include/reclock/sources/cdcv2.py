@@ -24,11 +24,9 @@ import json
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlparse
 
-import pyarrow as pa
-
 from ..engine import Frontier, Partition
 from ..engine.cdcv2 import CdcV2Error, Decoder, Message, from_json
-from .base import Source, SourceError, check_range
+from .base import Source, SourceError, arrow, check_range
 
 FINISHED = 2**63 - 1
 FILE_PATTERN = "*.jsonl"
@@ -78,8 +76,8 @@ def transport_texts(transport: Source, since: Frontier = Frontier(),
 class CdcV2Source:
     """Reads a CDC v2 stream from a Kafka topic or files; see the module docstring."""
 
-    partition_type = pa.string()
-    data_schema = pa.schema([pa.field("data", pa.string())])
+    partition_type = arrow(lambda pa: pa.string())
+    data_schema = arrow(lambda pa: pa.schema([pa.field("data", pa.string())]))
 
     def __init__(self, transport: str | Mapping[str, Any], pattern: str = FILE_PATTERN,
                  group_id: str = "reclock-cdcv2", storage_options: Mapping[str, Any] | None = None,

@@ -78,10 +78,8 @@ import hashlib
 import posixpath
 from typing import Any, Iterator, Mapping
 
-import pyarrow as pa
-
 from ..engine import Frontier, Partition
-from .base import (COMMITTED_NAME, ON_BAD_RECORD, BadRecord, SourceError, check_range, committed_of,
+from .base import (COMMITTED_NAME, ON_BAD_RECORD, BadRecord, SourceError, arrow, check_range, committed_of,
                    read_commit_doc, write_committed)
 
 _SCAN = 64 * 1024  # backward scan step when looking for the last newline
@@ -116,8 +114,8 @@ def by_preference(holders: Mapping[str, int], previous: str | None) -> list[str]
 
 
 class FileSource:
-    partition_type = pa.string()
-    data_schema = pa.schema([pa.field("line", pa.string())])
+    partition_type = arrow(lambda pa: pa.string())
+    data_schema = arrow(lambda pa: pa.schema([pa.field("line", pa.string())]))
     reads_bad_records = True  # read(..., on_bad_record="dead_letter") yields a BadRecord for a line not in encoding
     #: One Spark read task per file and window: a task reads the lines that start in its byte range from a line
     #: start (:meth:`read`), and only a binding's bounds are known to be line starts, not a cut in between.

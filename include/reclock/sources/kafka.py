@@ -25,10 +25,8 @@ import logging
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
-import pyarrow as pa
-
 from ..engine import Frontier, Partition
-from .base import SourceError, check_range
+from .base import SourceError, arrow, check_range
 
 log = logging.getLogger(__name__)
 #: The logger librdkafka's own logs go to (connection retries and the like).
@@ -43,12 +41,12 @@ _LEADER_MOVING = (6, 5)
 
 
 class KafkaSource:
-    partition_type = pa.int32()
-    data_schema = pa.schema([
+    partition_type = arrow(lambda pa: pa.int32())
+    data_schema = arrow(lambda pa: pa.schema([
         pa.field("key", pa.string()),
         pa.field("value", pa.string()),
         pa.field("timestamp_ms", pa.int64()),
-    ])
+    ]))
 
     def __init__(
         self,
