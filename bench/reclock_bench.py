@@ -33,6 +33,8 @@ airflow      one DAG run of ``--dag-records`` (100K) records under ``airflow dag
              own cost of such a run: ``reclock_floor`` (bench/airflow_floor), the same tasks in the same order
              doing nothing, under the same command in the same home (its second run); and the import of Great
              Expectations in a fresh process (over a bare Python start), which the check task pays;
+scheduler    the same DAG run under a real scheduler (``airflow standalone``, a process per task), triggered from
+             the CLI and timed from its ``queued_at`` to its ``end_date``; and ``reclock_floor`` the same way;
 parse        the DAG file over a sources file of 1,000 sources, in fresh processes (Airflow imported first,
              untimed): parsed whole, and as a task process parses it (its own DAG only);
 linearity    reclock seconds per record at 10M / at 1M (without both sizes, at the largest / at the smallest),
@@ -526,6 +528,93 @@ class Bench:
                 "floor_s": floor_s[-1], "floor_first_run_s": floor_s[0], "gx_import_s": gx_s}
 
 
+    def scheduler(self, tasks: list[str]) -> dict:
+        """One DAG run of ``--dag-records`` under a real scheduler: ``airflow standalone`` (scheduler, dag-processor,
+        triggerer and API server; the LocalExecutor runs each task in a process of its own) on the bench's Airflow
+        home, its run triggered from the CLI and timed from the run's ``queued_at`` to its ``end_date`` (the
+        metadata database's own times); after one run with nothing (which creates the tables).  Then
+        ``reclock_floor``, ``tasks`` doing nothing, twice, the same way."""
+        from devtools.airflow_home import AIRFLOW, DAGS_FOLDER, migrate, run, stop_group
+        from devtools.kafka_broker import free_port
+        from devtools.up import platform_env
+
+        a = self.args
+        section(f"scheduler: one DAG run of {a.dag_records:,} records under `airflow standalone`")
+        name = self.add_source("sched", a.partitions)
+        home, dags = self.workdir / "scheduler-airflow", self.workdir / "scheduler-dags"
+        dags.mkdir()
+        (dags / "reclock_sources.py").symlink_to(DAGS_FOLDER / "reclock_sources.py")
+        (dags / "reclock_floor.py").symlink_to(FLOOR_DAGS / "reclock_floor.py")
+        port = free_port()
+        env = {**platform_env(home, self.config, port), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+               "RECLOCK_FLOOR_TASKS": ",".join(tasks), "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
+        db = migrate(home, env)
+        log = open(self.workdir / "standalone.log", "w")
+        airflow = subprocess.Popen([AIRFLOW, "standalone"], env=env, cwd=self.workdir, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            dag_id = f"reclock_{name}"
+            wait_for(lambda: set(dag_ids(db)) >= {dag_id, "reclock_floor"}, 300, airflow, "its DAGs parsed")
+
+            def triggered(dag: str) -> float:
+                run_id = f"bench_{uuid.uuid4().hex[:8]}"
+                run([AIRFLOW, "dags", "trigger", dag, "--run-id", run_id], env, 300)
+                state = wait_for(lambda: finished(db, dag, run_id), 900, airflow, f"{dag} run {run_id}")
+                if state[0] != "success":
+                    raise RuntimeError(f"{dag} run {run_id} ended {state[0]} (see {self.workdir / 'standalone.log'})")
+                return state[1]
+
+            empty_s = triggered(dag_id)
+            self.produce(name, a.dag_records)
+            dag_s = triggered(dag_id)
+            floor_s = [triggered("reclock_floor") for _ in range(2)]
+        finally:
+            stop_group(airflow)
+            log.close()
+        with runtime.open_source(name, str(self.config), connect=False) as ctx:
+            published = ctx.tables.read_reclocked_spark(self.spark).count()
+        if published != a.dag_records:
+            raise RuntimeError(f"the scheduled DAG run published {published} rows, produced {a.dag_records}")
+        print(f"  first run (nothing to read; creates the tables): {empty_s:.2f}s")
+        print(f"  run of {a.dag_records:,} records: {dag_s:.2f}s")
+        print(f"  Airflow alone, the same {len(tasks)} tasks doing nothing: " + ", ".join(f"{s:.2f}s" for s in floor_s)
+              + f"; reclock's part of the run: {dag_s - floor_s[-1]:.2f}s")
+        return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "floor_s": floor_s[-1],
+                "floor_first_run_s": floor_s[0]}
+
+
+def dag_ids(db: Path) -> list[str]:
+    """The DAGs the Airflow home's database knows (parsed by its dag-processor)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [row[0] for row in conn.execute("SELECT dag_id FROM dag")]
+
+
+def finished(db: Path, dag_id: str, run_id: str) -> tuple[str, float] | None:
+    """A finished run's state and seconds from its ``queued_at`` to its ``end_date``; None while it runs."""
+    import sqlite3
+    from datetime import datetime
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT state, queued_at, end_date FROM dag_run WHERE dag_id = ? AND run_id = ?",
+                           (dag_id, run_id)).fetchone()
+    if row is None or row[0] not in ("success", "failed") or row[2] is None:
+        return None
+    return row[0], (datetime.fromisoformat(row[2]) - datetime.fromisoformat(row[1])).total_seconds()
+
+
+def wait_for(condition, timeout: float, process: subprocess.Popen, what: str):
+    """``condition()``'s first truthy value, polled every 0.2 s; RuntimeError when ``process`` exits or
+    ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"airflow standalone: no {what} (exited: {process.poll()})")
+        time.sleep(0.2)
+    return value
+
+
 def parse(workdir: Path, bootstrap: str) -> dict:
     """The DAG file over a sources file of ``PARSE_SOURCES`` Kafka sources (nothing contacted: parsing has no side
     effect), in fresh processes: parsed whole (as the DAG processor does: every source's DAG and backfill DAG),
@@ -603,6 +692,12 @@ def summary(results: dict) -> dict:
               f"{TARGETS['dag_over_floor_s']:.0f}s: {verdict(met['dag'])} ({dag['seconds']:.2f}s; Airflow alone, its "
               f"{len(dag['tasks'])} tasks doing nothing: {dag['floor_s']:.2f}s; importing Great Expectations: "
               f"{dag['gx_import_s']:.2f}s)")
+    if "scheduler" in results:
+        dag = results["scheduler"]
+        met["dag_scheduler"] = dag["seconds"] <= dag["floor_s"] + TARGETS["dag_over_floor_s"]
+        print(f"  one DAG run of {dag['records']:,} under the scheduler <= Airflow's floor + "
+              f"{TARGETS['dag_over_floor_s']:.0f}s: {verdict(met['dag_scheduler'])} ({dag['seconds']:.2f}s; Airflow "
+              f"alone: {dag['floor_s']:.2f}s)")
     if "parse" in results:
         parsed = results["parse"]
         met["parse"] = parsed["whole_s"] <= TARGETS["parse_s"]
@@ -667,7 +762,7 @@ def parse_args(argv=None):
     parser.add_argument("--spark-remote", default=None, help="a Spark Connect URL (sc://host:port) to run on")
     parser.add_argument("--connect", action="store_true",
                         help="start a local Spark Connect server (devtools.spark_connect) and run everything on it")
-    parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow,parse")
+    parser.add_argument("--skip", default="", help="comma-separated: sizes,empty,partitions,airflow,scheduler,parse")
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"results JSON (default {RESULTS})")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     parser.add_argument("--no-compaction", dest="compaction", action="store_false",
@@ -721,6 +816,9 @@ def main(argv=None) -> int:
                     results["partitions"] = bench.partitions()
                 if "airflow" not in args.skip:
                     results["airflow"] = bench.airflow()
+                if "scheduler" not in args.skip:
+                    results["scheduler"] = bench.scheduler(results.get("airflow", {}).get("tasks") or [
+                        "tick", "reclock", "check", "publish", "resume", "compact"])
                 if "parse" not in args.skip:
                     results["parse"] = parse(workdir, broker.bootstrap)
                 results["targets_met"] = summary(results)
