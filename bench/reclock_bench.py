@@ -507,12 +507,7 @@ class Bench:
         _, empty_s = timed(run, command, env, 900)
         self.produce(name, a.dag_records)
         _, dag_s = timed(run, command, env, 900)
-        with runtime.open_source(name, str(self.config), connect=False) as ctx:
-            published = ctx.tables.read_reclocked_spark(self.spark).count()
-        if published != a.dag_records:
-            raise RuntimeError(f"the DAG run published {published} rows, produced {a.dag_records}")
-        print(f"  first run (nothing to read; creates the tables): {empty_s:.2f}s")
-        print(f"  run of {a.dag_records:,} records: {dag_s:.2f}s")
+        self.dag_runs_done(name, empty_s, dag_s)
         tasks = run_tasks(self.workdir / "airflow" / "airflow.db", f"reclock_{name}")
         floor_env = {**airflow_env(self.workdir / "airflow", dags_folder=FLOOR_DAGS),
                      "RECLOCK_FLOOR_TASKS": ",".join(tasks)}
@@ -527,6 +522,15 @@ class Bench:
         return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "tasks": tasks,
                 "floor_s": floor_s[-1], "floor_first_run_s": floor_s[0], "gx_import_s": gx_s}
 
+
+    def dag_runs_done(self, name: str, empty_s: float, dag_s: float) -> None:
+        """Refuse DAG runs of ``name`` that did not publish exactly the ``--dag-records`` produced; print their times."""
+        with runtime.open_source(name, str(self.config), connect=False) as ctx:
+            published = ctx.tables.read_reclocked_spark(self.spark).count()
+        if published != self.args.dag_records:
+            raise RuntimeError(f"the DAG runs of {name} published {published} rows, produced {self.args.dag_records}")
+        print(f"  first run (nothing to read; creates the tables): {empty_s:.2f}s")
+        print(f"  run of {self.args.dag_records:,} records: {dag_s:.2f}s")
 
     def scheduler(self, tasks: list[str]) -> dict:
         """One DAG run of ``--dag-records`` under a real scheduler: ``airflow standalone`` (scheduler, dag-processor,
@@ -571,12 +575,7 @@ class Bench:
         finally:
             stop_group(airflow)
             log.close()
-        with runtime.open_source(name, str(self.config), connect=False) as ctx:
-            published = ctx.tables.read_reclocked_spark(self.spark).count()
-        if published != a.dag_records:
-            raise RuntimeError(f"the scheduled DAG run published {published} rows, produced {a.dag_records}")
-        print(f"  first run (nothing to read; creates the tables): {empty_s:.2f}s")
-        print(f"  run of {a.dag_records:,} records: {dag_s:.2f}s")
+        self.dag_runs_done(name, empty_s, dag_s)
         print(f"  Airflow alone, the same {len(tasks)} tasks doing nothing: " + ", ".join(f"{s:.2f}s" for s in floor_s)
               + f"; reclock's part of the run: {dag_s - floor_s[-1]:.2f}s")
         return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "floor_s": floor_s[-1],

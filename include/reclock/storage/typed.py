@@ -10,8 +10,8 @@ files, one delta-rs commit adds them: :func:`~reclock.storage.commits.commit_add
 the app landed since the table was read), then the frontier (:meth:`TypedTables.mark_typed`), so a typing killed
 in between leaves tables ahead of the frontier, which the next typing reads from their own app versions.  A
 column added upstream is added to the typed table (delta-rs ``ADD COLUMNS``) just before the rows that need it;
-a typed table whose columns' types changed (a column retyped in a new epoch) is rewritten whole, the table and
-its frontier in one overwrite.  Each column keeps its Postgres type in its field metadata (``reclock.oid``,
+a typed table whose columns' types changed (a column retyped in a new epoch) is rewritten whole, its rows and
+its own app version in one overwrite commit.  Each column keeps its Postgres type in its field metadata (``reclock.oid``,
 ``reclock.typmod``).  The protocol of a typed table may have the ``timestampNtz`` feature (a ``timestamp``
 column; delta-rs enables it when creating the table).
 """
