@@ -275,10 +275,13 @@ def _sums(table: pa.Table) -> dict:
 # --- (c) a pipeline tick with both on s3:// ---------------------------------------------------------
 
 
-def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
+def test_pipeline_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark, monkeypatch):
+    """Ticks, then a batch staged by Spark on s3a://, checked from its Arrow summary read over S3 (nothing read in
+    Spark), published by delta-rs."""
     import yaml
 
     from reclock import pipeline, runtime
+    from reclock.storage.staging import StagingTables
 
     logs = f"{BUCKET}/{prefix}/logs"
     s3fs_.pipe_file(f"{logs}/a.log", b"one\ntwo\npart")
@@ -301,6 +304,15 @@ def test_pipeline_tick_on_s3(s3_endpoint, s3fs_, prefix, tmp_path, s3_spark):
         remap = ctx.tables.read_remap()
     assert remap.upper == 201 and remap.at(150) == Frontier.of({A: 8})
     assert pipeline.resume("logs", str(path))["offsets"] == {}  # nothing published yet
+    assert pipeline.stage("logs", str(path), s3_spark)["staged_rows"] == 3
+    with monkeypatch.context() as patch:
+        patch.setattr(StagingTables, "read_staged_spark", lambda *a, **k: pytest.fail("the batch read in Spark"))
+        checked = pipeline.check("logs", str(path), s3_spark)
+    assert checked["reclocked"].startswith("reclocked batch: 6/6 checks passed on 3 rows"), checked
+    assert pipeline.publish("logs", str(path), s3_spark) == {"published": True, "reclocked_upper": 201}
+    with runtime.open_source("logs", str(path), connect=False) as ctx:
+        rows = sorted((r["line"], r["into_time"]) for r in ctx.tables.read_reclocked_arrow().to_pylist())
+    assert rows == [("one", 100), ("partial", 200), ("two", 100)]
 
 
 CREATE_ON_S3 = """
