@@ -501,6 +501,7 @@ class Bench:
         a = self.args
         section(f"airflow: one DAG run of {a.dag_records:,} records under `airflow dags test`")
         name = self.add_source("dag", a.partitions)
+        fresh_validator()
         env = airflow_env(self.workdir / "airflow", self.config)
         migrate(self.workdir / "airflow", env)
         command = [AIRFLOW, "dags", "test", f"reclock_{name}"]
@@ -508,6 +509,7 @@ class Bench:
         self.produce(name, a.dag_records)
         _, dag_s = timed(run, command, env, 900)
         self.dag_runs_done(name, empty_s, dag_s)
+        validator = served_by_validator()
         tasks = run_tasks(self.workdir / "airflow" / "airflow.db", f"reclock_{name}")
         floor_env = {**airflow_env(self.workdir / "airflow", dags_folder=FLOOR_DAGS),
                      "RECLOCK_FLOOR_TASKS": ",".join(tasks)}
@@ -520,7 +522,7 @@ class Bench:
               + ", ".join(f"{s:.2f}s" for s in floor_s) + f"; reclock's part of the run: {dag_s - floor_s[-1]:.2f}s")
         print(f"  importing Great Expectations in a fresh process (the check task does): {gx_s:.2f}s")
         return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "tasks": tasks,
-                "floor_s": floor_s[-1], "floor_first_run_s": floor_s[0], "gx_import_s": gx_s}
+                "floor_s": floor_s[-1], "floor_first_run_s": floor_s[0], "gx_import_s": gx_s, "validator": validator}
 
 
     def dag_runs_done(self, name: str, empty_s: float, dag_s: float) -> None:
@@ -545,6 +547,7 @@ class Bench:
         a = self.args
         section(f"scheduler: one DAG run of {a.dag_records:,} records under `airflow standalone`")
         name = self.add_source("sched", a.partitions)
+        fresh_validator()
         home, dags = self.workdir / "scheduler-airflow", self.workdir / "scheduler-dags"
         dags.mkdir()
         (dags / "reclock_sources.py").symlink_to(DAGS_FOLDER / "reclock_sources.py")
@@ -576,10 +579,34 @@ class Bench:
             stop_group(airflow)
             log.close()
         self.dag_runs_done(name, empty_s, dag_s)
+        validator = served_by_validator()
         print(f"  Airflow alone, the same {len(tasks)} tasks doing nothing: " + ", ".join(f"{s:.2f}s" for s in floor_s)
               + f"; reclock's part of the run: {dag_s - floor_s[-1]:.2f}s")
         return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "floor_s": floor_s[-1],
-                "floor_first_run_s": floor_s[0]}
+                "floor_first_run_s": floor_s[0], "validator": validator}
+
+
+def fresh_validator() -> None:
+    """No Great Expectations validator serving the bench (:mod:`reclock.validator`): a section's first DAG run
+    starts one, and pays GX's import."""
+    from reclock import validator
+
+    folder = os.environ["RECLOCK_VALIDATOR_DIR"]
+    validator.stop(folder)
+    deadline = time.monotonic() + 30
+    while validator.serving(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def served_by_validator() -> bool:
+    """Whether a validator serves the bench (started by the section's first DAG run); printed."""
+    from reclock import validator
+
+    pids = validator.serving(os.environ["RECLOCK_VALIDATOR_DIR"])
+    print("  the check tasks validated through the Great Expectations validator (pid "
+          f"{pids[0]}, started by the first run)" if pids else "  no Great Expectations validator served: the check "
+          "tasks imported GX")
+    return bool(pids)
 
 
 def dag_ids(db: Path) -> list[str]:
@@ -779,6 +806,7 @@ def main(argv=None) -> int:
     logging.getLogger("py4j").setLevel(logging.ERROR)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     workdir = Path(tempfile.mkdtemp(prefix="reclock-bench-"))
+    os.environ["RECLOCK_VALIDATOR_DIR"] = str(workdir / "validator")  # the bench's own, stopped at its end
     started = time.perf_counter()
     results: dict = {"machine": machine(), "args": {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(
         v, Path) else v) for k, v in vars(args).items()}, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -824,6 +852,9 @@ def main(argv=None) -> int:
             finally:
                 spark.stop()
     finally:
+        from reclock import validator
+
+        validator.stop(os.environ["RECLOCK_VALIDATOR_DIR"])
         if args.keep:
             print(f"kept {workdir}")
         else:

@@ -71,8 +71,12 @@ def _write_json(path: Path, value: dict) -> None:
     os.replace(tmp, path)
 
 
+VALIDATOR = "validator"  # in the run directory: the folder of the run's Great Expectations validator
+
+
 class Run:
-    """The controller's side: the run directory, and the servers' stop at the end."""
+    """The controller's side: the run directory, and the servers' stop at the end (and the Great Expectations
+    validator's, :mod:`reclock.validator`, whose folder is in it)."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -98,6 +102,9 @@ class Run:
     def close(self, timeout: float = 60.0) -> None:
         """Tell every keeper to stop its server; wait for them, then SIGKILL what lingers; remove the directory."""
         (self.dir / "stop").write_text("")
+        from reclock import validator
+
+        validator.stop(str(self.dir / VALIDATOR))  # the run's Great Expectations validator (tests' check steps)
         keepers = {p.stem: int(p.read_text()) for p in self.dir.glob("*.keeper")}
         deadline = time.monotonic() + timeout
         while any(_alive(pid) for pid in keepers.values()) and time.monotonic() < deadline:

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     config = args.dir / "sources.yaml"
     port = args.port or free_port()
     env = platform_env(args.dir / "airflow", config, port)
+    env["RECLOCK_VALIDATOR_DIR"] = str(args.dir / "validator")  # its check tasks' Great Expectations validator
     airflow = None
     try:
         with ExitStack() as stack:
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if airflow is not None:
             stop_group(airflow)  # its process group: scheduler, dag-processor, triggerer, API server, tasks
+        from reclock import validator
+
+        validator.stop(env["RECLOCK_VALIDATOR_DIR"])  # the one its check tasks started (a session of its own)
     print("stopped: every process this started has ended", flush=True)
     return 0
 

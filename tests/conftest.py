@@ -49,6 +49,9 @@ def pytest_configure(config):
         scratch = config.reclock_servers.dir / "spark-scratch"
         scratch.mkdir()
         os.environ.setdefault("SPARK_LOCAL_DIRS", str(scratch))
+        # The check steps of the run validate through one Great Expectations validator (reclock.validator), the
+        # run's own, stopped at its end.
+        os.environ["RECLOCK_VALIDATOR_DIR"] = str(config.reclock_servers.dir / services.VALIDATOR)
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_HandServersToWorkers(config.reclock_servers.dir))
 

@@ -565,7 +565,7 @@ def test_an_idle_run_passes_its_checks_without_validating(spark, tmp_path, monke
     window with records, or a failed last check is validated in full."""
     from conftest import write_sources_config
 
-    from reclock import check_log, gx_context, pipeline
+    from reclock import check_log, pipeline, validator
     from reclock.runtime import Runtime
 
     logs = tmp_path / "logs"
@@ -575,7 +575,7 @@ def test_an_idle_run_passes_its_checks_without_validating(spark, tmp_path, monke
     runtime = Runtime.of(config, spark)
     pipeline.run_once("web", runtime, now=1_000)  # validated: records
     opened = []
-    monkeypatch.setattr(gx_context, "open_context", lambda *a: opened.append(a) or pytest.fail("GX context opened"))
+    monkeypatch.setattr(validator, "open_context", lambda *a: opened.append(a) or pytest.fail("GX context opened"))
     done = pipeline.run_once("web", runtime, now=2_000)  # idle: nothing validated
     assert "nothing to validate" in done["check"]["reclocked"] and "unchanged since" in done["check"]["remap"]
     with runtime.source("web", connect=False) as ctx:
@@ -586,15 +586,15 @@ def test_an_idle_run_passes_its_checks_without_validating(spark, tmp_path, monke
 
     (logs / "a.log").write_bytes(b"one\ntwo\nthree\n")
     with pytest.raises(pytest.fail.Exception, match="GX context opened"):  # records: validated
-        monkeypatch.setattr(gx_context, "open_context", lambda *a: pytest.fail("GX context opened"))
+        monkeypatch.setattr(validator, "open_context", lambda *a: pytest.fail("GX context opened"))
         pipeline.run_once("web", runtime, now=3_000)
     monkeypatch.undo()
     pipeline.run_once("web", runtime, now=3_000, steps=("check", "publish"))
     with runtime.source("web", connect=False) as ctx:  # a failed last check: the idle run validates again
         check_log.write(ctx.tables.uri, {**check_log.read(ctx.tables.uri), "success": False})
     calls = []
-    real = gx_context.open_context
-    monkeypatch.setattr(gx_context, "open_context", lambda *a: calls.append(a) or real(*a))
+    real = validator.open_context
+    monkeypatch.setattr(validator, "open_context", lambda *a: calls.append(a) or real(*a))
     pipeline.run_once("web", runtime, now=4_000)
     assert len(calls) == 1
     pipeline.run_once("web", runtime, now=5_000)  # and then, passed on this remap, it need not

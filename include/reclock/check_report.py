@@ -93,16 +93,16 @@ def report_of(subject: str, rows: int, runs: Sequence[_Ran]) -> CheckReport:
     records its failing rows stand for; the others report GX's own count and up to 5 failing rows."""
     results = []
     for ran in runs:
-        for r in ran.run.results:
-            meta = r.expectation_config.meta or {}
-            name = meta.get("check", r.expectation_config.type)
+        for r in ran.run.results:  # reclock.gx_context.Outcome
+            meta = r.meta
+            name = meta.get("check", r.type)
             error = _error(r.exception_info)
             count = r.result.get("unexpected_count")
             sample = r.result.get("partial_unexpected_index_list") or r.result.get("partial_unexpected_list") or []
             if name in ran.named and not r.success and error is None:
                 count, sample = ran.named[name](ran.frame)
             results.append(CheckResult(
-                name=name, expectation=r.expectation_config.type, success=bool(r.success),
+                name=name, expectation=r.type, success=r.success,
                 description=meta.get("description", "").format(**ran.params), unexpected_count=count,
                 sample=plain(sample), error=error, observed=plain(r.result.get("observed_value"))))
     return CheckReport(subject, rows, tuple(results), tuple(ran.run.page for ran in runs if ran.run.page))

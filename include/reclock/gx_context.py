@@ -28,7 +28,9 @@ are cached) makes them again when GX finds what it holds stale (a suite saved by
 its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
 is made again from the project (the results and Data Docs are only GX's record; reclock's is
 :mod:`reclock.check_log`).
-GX takes seconds to import: only the check step imports this module.
+GX takes seconds to import (this module imports it only where it is used): a check step's process gets its
+context through the validator (:mod:`reclock.validator`), which holds GX imported, and opens one itself only
+when no validator serves.
 """
 from __future__ import annotations
 
@@ -75,11 +77,23 @@ def suite_names() -> list[str]:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """One expectation's result as plain data (GX's ``ExpectationValidationResult`` read once), the same whether
+    this process ran it or the validator did (:mod:`reclock.validator`)."""
+
+    type: str  # the expectation's type, e.g. expect_column_values_to_be_between
+    meta: dict  # its meta in the suite: check (reclock's name for it), description
+    success: bool
+    result: dict  # GX's result: unexpected_count, partial_unexpected_(index_)list, observed_value, ...
+    exception_info: dict  # what GX caught, flat or keyed by metric
+
+
+@dataclass(frozen=True)
 class Run:
-    """One checkpoint run: the validation result's expectations, and its Data Docs page (a path under the site)."""
+    """One checkpoint run: its expectations' outcomes, and its Data Docs page (a path under the site)."""
 
     success: bool
-    results: list  # GX ExpectationValidationResult, in the suite's order
+    results: list[Outcome]  # in the suite's order
     page: str | None  # relative to the Data Docs site root, e.g. validations/reclocked/.../x.html
 
 
@@ -181,7 +195,9 @@ class Context:
         self._docs([identifier, _suite_identifier(kind)])
         order = {e.meta.get("check"): i for i, e in enumerate(self.gx.suites.get(kind).expectations)}
         results = sorted(validation.results, key=lambda r: order.get((r.expectation_config.meta or {}).get("check"), 0))
-        return Run(bool(validation.success), results, self._page(identifier))
+        return Run(bool(validation.success), [
+            Outcome(r.expectation_config.type, dict(r.expectation_config.meta or {}), bool(r.success),
+                    dict(r.result or {}), dict(r.exception_info or {})) for r in results], self._page(identifier))
 
     @contextlib.contextmanager
     def docs_once(self):

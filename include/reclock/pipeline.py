@@ -335,7 +335,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
     Each kind of check runs through its checkpoint in the source's GX context (:mod:`reclock.gx_context`), which
-    keeps the results and rebuilds the Data Docs; the staged batch is checked by Spark aggregates, never
+    keeps the results and rebuilds the Data Docs, served by the validator (:mod:`reclock.validator`: this process
+    never imports GX while one serves); the staged batch is checked by Spark aggregates, never
     collected (:mod:`reclock.checks`), so Spark is opened only when a batch is pending.  A source whose records
     are diffs (Postgres, CDC v2) also has its consolidated history checked
     (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
@@ -358,7 +359,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
         digest = remap_digest(remap_rows, remap.since, upstreams)
         if (idle := idle_check(name, ctx, remap, window, digest)) is not None:
             return idle
-        from .gx_context import open_context  # GX takes seconds to import: only a check that validates does
+        from .validator import open_context  # GX takes seconds to import: the validator has it imported
 
         gx = open_context(ctx.tables.uri, name)
         with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
