@@ -201,6 +201,20 @@ def pipeline_task(step: str, name: str, config: Config):
     return run()
 
 
+def check_task(name: str, config: Config):
+    """``check``: a failed check is an answer and fails the task at once (``AirflowFailException``: no retry); any
+    other error of the step (a Spark Connect server restarting, the warehouse unreachable) is retried."""
+    @task(task_id="check", **task_args("check"))
+    def check() -> dict:
+        from reclock import pipeline
+        from reclock.check_report import ChecksFailed
+        try:
+            return xcom_safe(pipeline.check(name, runtime(config)))
+        except ChecksFailed as e:
+            raise AirflowFailException(str(e)) from e
+    return check()
+
+
 def stage_task(config: Config, source: SourceConfig):
     """The ``reclock`` task: over the Spark Connect server (``spark.remote``) in the task's process, else a
     spark-submit."""
@@ -266,7 +280,7 @@ def build_dag(config: Config, source: SourceConfig) -> DAG:
             return xcom_safe(pipeline.tick(name, runtime(config)))
 
         previous = tick() >> stage_task(config, source)
-        previous = previous >> pipeline_task("check", name, config)
+        previous = previous >> check_task(name, config)
         previous = previous >> publish_task(name, config, reclocked_asset(config, name))
         for step in ("resume", "compact"):
             previous = previous >> pipeline_task(step, name, config)

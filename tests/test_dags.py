@@ -150,7 +150,7 @@ def test_parsing_has_no_side_effects(parsed):
 
 # task: (retries, execution_timeout in s, pool): retries back off exponentially from 30 s (x2, at most 10 min)
 POLICY = {"tick": (3, 7200, "reclock_spark"), "reclock": (2, 21600, "reclock_spark"),
-          "check": (0, 3600, "reclock_spark"), "publish": (2, 3600, "reclock_spark"),
+          "check": (2, 3600, "reclock_spark"), "publish": (2, 3600, "reclock_spark"),
           "resume": (3, 900, "default_pool"), "compact": (1, 7200, "reclock_spark")}
 
 

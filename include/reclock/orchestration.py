@@ -1,9 +1,10 @@
 """What the Airflow DAG files share: how each task runs, and the Asset of a source's reclocked table.
 
 Task policy (:data:`TASK_POLICY`): every task has an ``execution_timeout``; the steps that talk to an
-upstream or commit to Delta retry with exponential backoff (a broker or database restarting, a lost commit
-race: ``RETRY_DELAY * RETRY_BACKOFF**n``, at most ``MAX_RETRY_DELAY``); a failed check or a refused replay is
-an answer, not a fault, and is not retried.  Tasks that start Spark run in the pool :data:`SPARK_POOL`.
+upstream, to Spark or commit to Delta retry with exponential backoff (a broker, database or Spark Connect server
+restarting, a lost commit race: ``RETRY_DELAY * RETRY_BACKOFF**n``, at most ``MAX_RETRY_DELAY``); a failed check
+or a refused replay is an answer, not a fault, and is not retried (the check task retries the other errors of
+its step, and fails at once on :class:`reclock.check_report.ChecksFailed`).  Tasks that start Spark run in the pool :data:`SPARK_POOL`.
 
 XCom (:func:`xcom_safe`): what a task returns is stored by Airflow's task runner as msgpack, whose ints are
 64 bits; a step's result with wider ints (Kinesis sequence numbers, and the offsets a tick moved) returns them as
@@ -25,7 +26,7 @@ SPARK_POOL = "reclock_spark"
 TASK_POLICY = {
     "tick": (3, timedelta(hours=2), True),  # a Postgres source's first tick copies its tables
     "reclock": (2, timedelta(hours=6), True),
-    "check": (0, timedelta(hours=1), True),
+    "check": (2, timedelta(hours=1), True),  # ChecksFailed: failed at once (dags/reclock_sources.py)
     "publish": (2, timedelta(hours=1), True),
     "resume": (3, timedelta(minutes=15), False),
     "compact": (1, timedelta(hours=2), True),
