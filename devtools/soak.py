@@ -17,7 +17,10 @@ the test reads (``make test`` runs the same tests at small counts, so every path
   (``RECLOCK_S3_ROUNDS``);
 * ``platform``: ``tests/test_up.py``, ``make up`` as a person uses it: two scheduled runs of every DAG within five
   minutes, the UI's pages in headless Chromium (their screenshots into ``docs/images``), Ctrl-C leaving no process
-  (``RECLOCK_PLATFORM``; ``make test`` skips it: it starts servers of its own).
+  (``RECLOCK_PLATFORM``; ``make test`` skips it: it starts servers of its own);
+* ``production``: ``devtools/production_soak.py``, not a test: reclock under Airflow with the CeleryExecutor, a
+  Spark standalone cluster behind Spark Connect and the warehouse on S3, three sources scheduled every minute
+  for 30 minutes (``--production-minutes``) while faults are injected; its own JSON becomes the part's result.
 
 An anomaly is what those tests assert never happens: a record lost or counted twice, remap not strictly
 monotone, a frontier beyond the upstream; a part whose test fails reports the failure as its anomaly.  Each
@@ -60,6 +63,8 @@ def parts(args) -> dict[str, dict]:
                "env": {"RECLOCK_S3_ROUNDS": str(args.s3_rounds)}},
         "platform": {"tests": ["tests/test_up.py"],
                      "env": {"RECLOCK_PLATFORM": "1", "RECLOCK_SCREENSHOTS": str(REPO / "docs" / "images")}},
+        "production": {"module": "devtools.production_soak",
+                       "args": ["--minutes", str(args.production_minutes)]},
     }
 
 
@@ -92,10 +97,32 @@ def failure(output: str) -> str:
     return "\n".join(said + summary)[-8000:] or output[-6000:]
 
 
+def run_module(name: str, part: dict) -> dict:
+    """Run a part that is a program of its own (``module``, writing its results as JSON with ``--out``)."""
+    print(f"soak: {name}: python -m {part['module']} {' '.join(part['args'])}", flush=True)
+    when, where, started, tested = datetime.now(timezone.utc).isoformat(timespec="seconds"), machine(), \
+        time.monotonic(), commit()
+    out = Path(f"/tmp/reclock-soak-{name}.json")
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", part["module"], *part["args"], "--out", str(out)], cwd=REPO)
+    wall = time.monotonic() - started
+    try:
+        found = json.loads(out.read_text())
+    except (OSError, ValueError):
+        found = {"anomalies": [f"{part['module']} exited {proc.returncode} without its results"]}
+    anomalies = list(found.pop("anomalies", [])) + ([found["error"]] if found.get("error") else [])
+    passed = proc.returncode == 0 and not anomalies
+    print(f"soak: {name}: {'passed' if passed else 'FAILED'} in {wall / 60:.1f} min", flush=True)
+    return {"commit": tested, "started": when, "machine": where, "module": part["module"], "args": part["args"],
+            "passed": passed, "wall_s": round(wall, 1), "found": found, "anomalies": anomalies}
+
+
 def run_part(name: str, part: dict) -> dict:
     """Run the part's tests: once with its ``env``, or once per shard at the same time, each shard with its own
     environment (its share of the rounds), test servers and temporary directory (so its own topic and
     warehouse): the rounds add up, on a machine whose cores one sequential run of the test leaves half idle."""
+    if "module" in part:
+        return run_module(name, part)
     shards = part.get("shards") or [part["env"]]
     print(f"soak: {name}: " + " | ".join(" ".join(f"{k}={v}" for k, v in env.items()) for env in shards), flush=True)
     when, where, started = datetime.now(timezone.utc).isoformat(timespec="seconds"), machine(), time.monotonic()
@@ -120,7 +147,8 @@ def run_part(name: str, part: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", action="append", choices=["races", "runs", "kills", "long-run", "s3", "platform"],
+    parser.add_argument("--part", action="append", choices=["races", "runs", "kills", "long-run", "s3", "platform",
+                                                              "production"],
                         help="run only this part (repeatable; default all)")
     parser.add_argument("--race-rounds", type=int, default=100)
     parser.add_argument("--process-rounds", type=int, default=100)
@@ -130,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fault tests run at once, each on its own source and servers, sharing the rounds")
     parser.add_argument("--seconds", type=int, default=1800, help="the long run's length")
     parser.add_argument("--s3-rounds", type=int, default=100, help="rounds of each race on s3://")
+    parser.add_argument("--production-minutes", type=float, default=30.0,
+                        help="the production-shaped soak's length (devtools/production_soak.py)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in parts(args).items() if not args.part or k in args.part}

@@ -123,6 +123,18 @@ class LocalSparkConnect:
             self.root = None
         atexit.unregister(self.stop)
 
+    def kill(self) -> None:
+        """SIGKILL the server's process group, as a machine losing it would (this process's own Connect session of
+        it stopped first, while the server answers); :meth:`start` starts it again on the same port."""
+        _stop_client_of(self.url)
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
+        self.stop()
+
     def __enter__(self) -> "LocalSparkConnect":
         return self.start()
 

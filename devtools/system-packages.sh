@@ -13,6 +13,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)  # validates docker-compose.yaml
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)  # the Celery broker of make soak's production part
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "reclock: please install: ${missing[*]} (needs root)" >&2; exit 1

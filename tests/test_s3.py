@@ -8,12 +8,9 @@ compaction and vacuum, and a pipeline tick.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pyarrow as pa
@@ -28,56 +25,28 @@ from reclock.sources.base import SourceError  # noqa: E402
 from reclock.sources.files import COMMITTED_NAME, FileSource, fingerprint  # noqa: E402
 from reclock.storage import SUCCESS, Warehouse  # noqa: E402
 
+from devtools.moto_server import delta_options, fsspec_options, s3a_conf  # noqa: E402
+
 BUCKET = "reclock-test"
-KEY, SECRET, REGION = "testing", "testing", "us-east-1"
 DATA = pa.schema([("value", pa.string())])
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """``http://127.0.0.1:<port>`` of a moto S3 server with bucket ``BUCKET``, for the whole session."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    cmd = [server] if server else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start on {endpoint}")
-                time.sleep(0.1)
-        request = urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT")
-        urllib.request.urlopen(request, timeout=10).close()  # moto accepts unsigned requests
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    from devtools.moto_server import MotoServer
+
+    with MotoServer(BUCKET) as server:
+        yield server.endpoint
 
 
 @pytest.fixture
 def s3_spark(spark, s3_endpoint):
     """The shared Spark session, its s3a:// pointed at the moto server."""
     conf = spark._jsc.hadoopConfiguration()
-    for key, value in {"fs.s3a.endpoint": s3_endpoint, "fs.s3a.access.key": KEY, "fs.s3a.secret.key": SECRET,
-                       "fs.s3a.endpoint.region": REGION, "fs.s3a.path.style.access": "true",
-                       "fs.s3a.connection.ssl.enabled": "false"}.items():
-        conf.set(key, value)
+    for key, value in s3a_conf(s3_endpoint).items():
+        conf.set(key.removeprefix("spark.hadoop."), value)
     return spark
 
 
@@ -85,17 +54,6 @@ def s3_spark(spark, s3_endpoint):
 def prefix() -> str:
     """A fresh key prefix per test (the bucket is shared by the session)."""
     return f"t-{uuid.uuid4().hex[:10]}"
-
-
-def fsspec_options(endpoint: str) -> dict:
-    """s3fs options for the endpoint (FileSource's ``storage_options``)."""
-    return {"key": KEY, "secret": SECRET, "endpoint_url": endpoint, "client_kwargs": {"region_name": REGION}}
-
-
-def delta_options(endpoint: str) -> dict:
-    """deltalake options, spelled like docker/sources.yaml's for MinIO."""
-    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_REGION": REGION, "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}
 
 
 @pytest.fixture
