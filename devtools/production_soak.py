@@ -281,11 +281,29 @@ class Soak:
         return t if t >= window.since else None
 
     def record_answers(self) -> None:
+        """Each source's answer AS OF its latest IntoTime now; and every answer recorded before asked again while
+        its time is still readable (compaction folds it away a retention later)."""
+        from reclock.query import QueryError
+
+        for recorded in self.answers:
+            if recorded.get("compacted"):
+                continue
+            try:
+                again = self.answer(recorded["source"], recorded["t"])
+            except QueryError as e:
+                if "compact" in str(e):
+                    recorded["compacted"] = True
+                    continue
+                raise
+            recorded["asked_again"] = recorded.get("asked_again", 0) + 1
+            if again != tuple(recorded["answer"]):
+                self.anomalies.append(f"{recorded['source']} AS OF {recorded['t']}: {recorded['answer']} when "
+                                      f"recorded, {again} later")
         for name in SOURCES:
             try:
                 if (t := self.latest(name)) is None:
                     continue
-                self.answers.append({"source": name, "t": t, "answer": self.answer(name, t)})
+                self.answers.append({"source": name, "t": t, "answer": self.answer(name, t), "asked_again": 0})
             except Exception as e:  # noqa: BLE001 - e.g. nothing published yet
                 say(f"{name}: no AS OF answer now ({type(e).__name__}: {str(e)[:200]})")
 
@@ -489,14 +507,36 @@ class Soak:
             "SELECT dag_id, state, count(*) FROM dag_run GROUP BY dag_id, state ORDER BY 1, 2")}
         tries = {f"{task}:{state}": n for task, state, n in self.sql(
             "SELECT task_id, state, count(*) FROM task_instance_history GROUP BY task_id, state ORDER BY 1, 2")}
-        failed = [f"{dag} {run_id} {task} try {n}" for dag, run_id, task, n in self.sql(
-            "SELECT dag_id, run_id, task_id, try_number FROM task_instance WHERE state = 'failed' ORDER BY start_date")]
+        failed = [f"{dag} {run_id} {task} try {n}: {self.task_error(dag, run_id, task, n)}"
+                  for dag, run_id, task, n in self.sql(
+                      "SELECT dag_id, run_id, task_id, try_number FROM task_instance WHERE state = 'failed' "
+                      "UNION ALL SELECT dag_id, run_id, task_id, try_number FROM task_instance_history "
+                      "WHERE state = 'failed' ORDER BY 1, 2, 3, 4")]
         from reclock import validator
 
-        return {"caught_up_s": round(caught_up_s, 1), "as_of_answers": {"unchanged": unchanged, "changed": changed,
-                                                                         "compacted_away": folded},
+        return {"caught_up_s": round(caught_up_s, 1), "as_of_answers": {
+                    "recorded": len(self.answers), "asked_again_during": sum(a["asked_again"] for a in self.answers),
+                    "unchanged_at_end": unchanged, "changed_at_end": changed, "compacted_away_at_end": folded},
                 "runs": runs, "retried_tries": tries, "failed_tasks": failed,
                 "validator_serving": bool(validator.serving(str(self.dir / "validator")))}
+
+
+    def task_error(self, dag: str, run_id: str, task: str, attempt: int) -> str:
+        """The error a task's attempt failed with, from its log (Airflow's JSON lines); '' when none says."""
+        path = self.dir / "airflow" / "logs" / f"dag_id={dag}" / f"run_id={run_id}" / f"task_id={task}" / \
+            f"attempt={attempt}.log"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        for line in reversed(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            for detail in event.get("error_detail") or []:
+                return f"{detail.get('exc_type')}: {str(detail.get('exc_value'))[:400]}"
+        return lines[-1][:400] if lines else ""
 
 
 def pids_with(command: str) -> list[int]:

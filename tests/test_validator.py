@@ -36,26 +36,12 @@ def folder(monkeypatch):
     monkeypatch.delenv("RECLOCK_VALIDATOR", raising=False)
     yield path
     for pid in validator.stop(path):
-        _wait_gone(pid)
+        assert not _alive(pid), f"validator {pid} still runs"
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _wait_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        assert time.monotonic() < deadline, f"validator {pid} still runs"
-        time.sleep(0.05)
-
-
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (this process started it) has ended
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+    return validator._running(pid)
 
 
 def _serving(folder: str) -> int:

@@ -116,14 +116,27 @@ def serving(folder: str | None = None) -> list[int]:
     return pids
 
 
-def stop(folder: str | None = None) -> list[int]:
-    """Stop (SIGTERM) the validators :func:`serving` in ``folder``; their pids."""
+def stop(folder: str | None = None, wait: float = 10.0) -> list[int]:
+    """Stop (SIGTERM) the validators :func:`serving` in ``folder`` and wait up to ``wait`` seconds for them to
+    end; their pids."""
     stopped = []
     for pid in serving(folder):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
             stopped.append(pid)
+    deadline = time.monotonic() + wait
+    while any(map(_running, stopped)) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return stopped
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 # --- the step's side ---------------------------------------------------------------------------
