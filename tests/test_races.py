@@ -255,3 +255,37 @@ def test_a_step_whose_window_another_run_published_ends_saying_so(error, publish
         if error is not None:
             raise error
     assert raced.by_another_run == (outcome == "by another run")
+
+
+def test_a_batch_staged_before_another_run_published_is_neither_checked_nor_published(spark, tmp_path, caplog):
+    """Run B stages and checks a window; a tick binds more; run A stages the whole pending window (from the same
+    start); B publishes the window it checked. A's batch holds records B published: A's check and publish end
+    saying so (it is neither checked against the window left, whose ``in_window`` check it would fail, nor
+    published twice), and the next run stages what is left: every line published once."""
+    from conftest import write_sources_config
+
+    from reclock.runtime import Runtime
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_bytes(b"one\ntwo\n")
+    config = write_sources_config(tmp_path, ("web", "files", {"url": str(logs)}), retention_ms=10**9)
+    run = Runtime.of(config, spark)
+    pipeline.tick("web", run, now=1_000)
+    b = pipeline.stage("web", run)
+    assert pipeline.check("web", run)["reclocked"].startswith("reclocked batch: 6/6 checks passed on 2 rows")
+    (logs / "a.log").write_bytes(b"one\ntwo\nthree\n")
+    pipeline.tick("web", run, now=2_000)
+    a = pipeline.stage("web", run)
+    assert (a["start"], a["upto"], a["staged_rows"]) == (b["start"], 2_000, 3)
+    assert pipeline.publish("web", run) == {"published": True, "reclocked_upper": 1_001}  # B: its window
+
+    stale = {"published_by_another_run": True, "stale_batch": [a["start"], 2_000]}
+    assert pipeline.check("web", run) == stale  # A
+    assert "web: another run published IntoTimes up to 1000 after this batch of IntoTimes" in caplog.text
+    assert pipeline.publish("web", run) == {"published": False, "reclocked_upper": 1_001, **stale}
+    done = pipeline.run_once("web", run, now=3_000)  # the next run
+    assert done["stage"]["start"] == 1_001 and done["publish"] == {"published": True, "reclocked_upper": 3_001}
+    with runtime.open_source("web", config, connect=False) as ctx:
+        rows = sorted((r["line"], r["into_time"]) for r in ctx.tables.read_reclocked_arrow().to_pylist())
+    assert rows == [("one", 1_000), ("three", 2_000), ("two", 1_000)]

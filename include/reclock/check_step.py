@@ -51,6 +51,28 @@ def idle_check(name: str, ctx: SourceContext, remap: Remap, window: tuple[int, i
     return {k: v.summary() for k, v in results.items()}
 
 
+def stale_stage(name: str, ctx: SourceContext, window: tuple[int, int] | None, step: str) -> dict | None:
+    """What ``step`` (check or publish) returns, having done nothing, when the staged batch of ``window`` began
+    before the window does (its attempt records the start it was staged from); None otherwise.
+
+    Two runs of one source (a schedule beside a manual run): one stages from ``start``, the other publishes the
+    window it checked, a prefix of that, meanwhile.  The batch then holds records already published: nothing of it
+    may be checked against the window that is left (its ``in_window`` check would fail on them) or published.  The
+    step ends saying so; the next run stages the window that is left."""
+    if window is None:
+        return None
+    try:
+        began = (ctx.tables.staged_metadata(window[1]) or {}).get("start")
+    except WarehouseError:  # no complete attempt: the step says so
+        return None
+    if began is None or began >= window[0]:
+        return None
+    log.warning("%s: another run published IntoTimes up to %d after this batch of IntoTimes %d..%d was staged; this "
+                "%s did nothing more (the next run stages IntoTimes %d..%d)", name, window[0] - 1, began, window[1],
+                step, window[0], window[1])
+    return {"published_by_another_run": True, "stale_batch": [began, window[1]]}
+
+
 def check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
     """The checks of the staged batch of ``window``: summarized with Arrow first (:mod:`reclock.batch_summary`),
     read in Spark (DataFrames of the staged Parquet files) only by the checks the summary does not settle."""

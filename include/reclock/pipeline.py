@@ -299,9 +299,10 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
                               "which was replaced: " + "; ".join(other) + f"; nothing staged. {UPSTREAM_HELP}")
         log.info("%s: staging %d ranges for IntoTimes %d..%d", name, len(ranges), start, upto)
         keys = ctx.upstream.primary_keys if offers(ctx.upstream, PrimaryKeys) else None  # for the checks, which
+        metadata = {"start": start, **({"primary_keys": keys()} if keys else {})}  # (check_step.stale_stage)
         if not ranges:  # do not contact the upstream; and with nothing to read (idle ticks), no Spark job
             with published_meanwhile(name, ctx, upto, "stage") as raced:
-                ctx.tables.stage_empty(upto, {"primary_keys": keys()} if keys else None)
+                ctx.tables.stage_empty(upto, metadata)
             return ({"staged_rows": 0, "start": start, "upto": upto, "published_by_another_run": True}
                     if raced.by_another_run else {"staged_rows": 0, "start": start, "upto": upto, "ranges": 0})
         from .spark.source import split_bad_records, worker_source_error
@@ -312,7 +313,7 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             df.persist()
         try:
             with published_meanwhile(name, ctx, upto, "stage") as raced:
-                rows = ctx.tables.stage(records, upto, dead_letters, {"primary_keys": keys()} if keys else None)
+                rows = ctx.tables.stage(records, upto, dead_letters, metadata)
         except Exception as e:  # a Spark job failure: surface the source's own message
             if (message := worker_source_error(e)) is None:
                 raise
@@ -348,7 +349,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     run is recorded as passed, reusing that remap report.
     """
     from . import check_log
-    from .check_step import check_batch, idle_check
+    from .check_step import check_batch, idle_check, stale_stage
     from .checks import check_remap, remap_digest
 
     runtime = Runtime.of(runtime, spark)
@@ -356,6 +357,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
         remap = ctx.tables.read_remap()
         remap_rows, upstreams = ctx.tables.remap_frame(), ctx.tables.recorded_upstreams()
         window = staged_window(remap, ctx.tables)
+        if (stale := stale_stage(name, ctx, window, "check")) is not None:
+            return stale
         digest = remap_digest(remap_rows, remap.since, upstreams)
         if (idle := idle_check(name, ctx, remap, window, digest)) is not None:
             return idle
@@ -412,6 +415,10 @@ def _publish(name: str, ctx: SourceContext) -> dict:
     if (checked.get("window") or [None])[0] == window[0] and window[0] <= checked["window"][1] < window[1]:
         window = tuple(checked["window"])  # a prefix of the pending window, checked (staged_window)
     if not (checked.get("success") and checked.get("window") == list(window)):
+        from .check_step import stale_stage
+
+        if (stale := stale_stage(name, ctx, staged_window(remap, ctx.tables), "publish")) is not None:
+            return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper(), **stale}
         raise ChecksFailed(f"{name}: IntoTimes {window[0]}..{window[1]} are not published: their staged batch has "
                            + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
                            + " (run `reclock check` after staging; docs: checks.md)")
