@@ -139,3 +139,17 @@ def test_one_validator_per_address_and_none_outlives_its_idle_time(folder):
     serving, = (p for p in started if p.poll() is None)
     assert serving.wait(timeout=60) == 0
     assert not os.path.exists(path) and validator.stop(folder) == []
+
+
+def test_a_validator_stopped_while_it_serves_frees_its_address(folder, tmp_path):
+    """Stopped while a child of it serves a step (whose connection stays open for the whole check step), the
+    validator frees its address at once: the next step gets a new one, and the step served before goes on."""
+    first = validator.open_context(str(tmp_path / "a"), "orders")
+    assert check_remap(remap(GOOD), gx=first).success
+    old, = validator.stop(folder)
+    assert validator.serving(folder) == []
+    second = validator.open_context(str(tmp_path / "b"), "orders")
+    assert isinstance(second, validator.Remote) and _serving(folder) != old
+    assert check_remap(remap(GOOD), gx=second).success
+    assert check_remap(remap(GOOD), gx=first).success and first._local is None  # its child still serves it
+    first.close()

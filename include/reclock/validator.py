@@ -290,6 +290,10 @@ class _Served(socketserver.BaseRequestHandler):
     """One step's connection, in a child of the validator: its context, its runs, its Data Docs."""
 
     def handle(self) -> None:
+        # A child holds none of the validator's own: its lock (or a validator stopped while this child serves a
+        # long check would keep the address from the next one) and its listening socket.
+        os.close(self.server.lock)
+        self.server.socket.close()
         uid = struct.unpack("3i", self.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           struct.calcsize("3i")))[1]
         if uid != os.getuid():
@@ -350,6 +354,7 @@ def serve(path: str, idle: float) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)  # a validator's that was killed
     server = _Server(path, _Served)
+    server.lock = lock
     os.chmod(path, 0o600)
     server.timeout, server.last = min(idle, 1.0), time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
