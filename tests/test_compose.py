@@ -386,7 +386,8 @@ def test_versions_agree_with_the_poms_and_pins(svc):
 
 RUNTIME = REPO / "requirements-runtime.txt"
 #: requirements.txt's own packages: the test runner, the docs site's and the import rules' (lint-imports).
-TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material", "import-linter", "setuptools"}
+TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "moto", "mkdocs", "mkdocs-material", "import-linter", "setuptools",
+              "apache-airflow-providers-celery", "celery"}  # the last two: make soak's production part
 
 
 def requirement_names(path: Path) -> set[str]:

@@ -64,7 +64,8 @@ def test_updates_and_duplicate_rows_without_a_key_pass(spark, db):
         c.execute("INSERT INTO ops.pair VALUES ('x', 1, 'w')")
     upto = run(config, spark, 2_000)
     with runtime.open_source("bank", config, connect=False) as ctx:
-        assert ctx.tables.staged_metadata(upto) == {"primary_keys": {"public.acct": ["id"], "ops.pair": ["b", "a"]}}
+        staged = ctx.tables.staged_metadata(upto)
+        assert staged == {"start": 1_001, "primary_keys": {"public.acct": ["id"], "ops.pair": ["b", "a"]}}
     summary = pipeline.check("bank", config, spark)["primary_key"]
     assert "PASS reclocked.primary_key_unique" in summary, summary
     pipeline.publish("bank", config, spark)

@@ -318,11 +318,12 @@ lost = 0
 for _ in range(ticks):  # a tick binds one more offset of partition `me`; one that loses the race reads and tries again
     while True:
         before = tables.read_remap()
-        try:
-            assert tables.append_binding(before, before.mint(before.upper, before.frontier.advanced_by({me: 1})))
-            break
+        try:  # False: another tick stored a binding at this IntoTime (before.upper) since this one read remap
+            if tables.append_binding(before, before.mint(before.upper, before.frontier.advanced_by({me: 1}))):
+                break
         except ConcurrentWriteError:
-            lost += 1
+            pass
+        lost += 1
 print(json.dumps({"lost": lost}))
 """
 
