@@ -14,7 +14,7 @@ from reclock.sources import build_source
 from reclock.sources.base import SourceError
 from reclock.spark import kafka as spark_kafka
 from reclock.spark.kafka import (
-    partition_spans, read_tasks, spark_client_options, spark_options, spark_range_rows, spark_read,
+    one_into_time, partition_spans, read_tasks, spark_client_options, spark_options, spark_range_rows, spark_read,
 )
 from reclock.spark.source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
@@ -178,6 +178,10 @@ def test_spark_read_equals_engine_reference(spark, history, monkeypatch):
     assert rows_of(df) == expected
     assert rows_of(read_ranges_python(spark, spec, ranges)) == expected  # the per-record reader agrees
     assert rows_of(read_ranges(spark, spec, remap.ranges(3000))) == reference_rows(source, remap, 3000)
+    # One binding's ranges (over three partitions, one ending on a marker): stamped without the join, same rows.
+    assert one_into_time(spark_range_rows("t", [r for r in ranges if r[0] == 3000])) == 3000
+    assert rows_of(read_ranges(spark, spec, [r for r in ranges if r[0] == 3000])) == [
+        r for r in expected if r[5] == 3000]
     assert source.committed() == Frontier()  # Spark's reads leave the source's consumer group alone
     # read_uncommitted: aborted records are visible (below the frontier), markers still are not.
     uncommitted = {**spec, "isolation_level": "read_uncommitted"}
@@ -363,6 +367,19 @@ def test_spark_range_rows_and_spans():
         spark_range_rows("t", [(1, -1, 0, 1)])
     with pytest.raises(SourceError, match="overlap"):
         spark_range_rows("t", [(1, 0, 0, 3), (2, 0, 1, 2)])
+
+
+@pytest.mark.parametrize("rows, into_time", [
+    ([], None),                                                 # nothing to read
+    ([(0, 0, 5, 1000)], 1000),                                  # one binding, one partition
+    ([(0, 0, 5, 1000), (1, 3, 9, 1000), (7, 0, 1, 1000)], 1000),  # one binding, three partitions
+    ([(0, 0, 5, 1000), (0, 5, 8, 1000)], 1000),                 # contiguous ranges of one IntoTime
+    ([(0, 0, 5, 1000), (1, 0, 5, 2000)], None),                 # two bindings, one in each partition
+    ([(0, 0, 5, 1000), (0, 5, 8, 2000)], None),                 # two bindings in one partition
+    ([(0, 0, 5, 1000), (0, 6, 8, 1000)], None),                 # a gap: offset 5 is read but not covered
+])
+def test_one_into_time(rows, into_time):
+    assert one_into_time(rows) == into_time
 
 
 @pytest.mark.parametrize("spans, tasks, natural", [
