@@ -14,8 +14,10 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
                        produced is the slowest, and the JVM warms up from one size to the next)
              ratio   = reclock / mean of the two copies
 
-             and the peak RSS, during the reclock run, of the Spark driver (the JVM of a local session) and
-             of this Python process (where an Airflow task runs the steps); with ``--connect``, also the most
+             and the peak RSS, during the reclock run, of the Spark driver (the JVM of a local session, or the
+             Connect server's) and of this Python process (where an Airflow task runs the steps), the driver
+             collected fully first (:class:`PeakRss`: the run's own peak, not the heap the copy before it grew);
+             with ``--connect``, also the most
              heap the driver held right after a garbage collection (its GC log; in local mode the driver's JVM
              runs the tasks too, so this includes the tasks' buffers), and what it still holds after a full
              collection once the run is over (``jcmd <pid> GC.run``): neither follows the collector's lazy
@@ -41,7 +43,9 @@ linearity    reclock seconds per record at 10M / at 1M (without both sizes, at t
              and the marginal cost per record between them against the copy's.
 
 It asserts nothing.  It prints each figure with issue 38's targets (MET / NOT MET) and writes everything,
-with the machine it ran on, to ``--results`` (default ``bench/results.json``), which the README quotes.
+with the machine it ran on, to ``--results`` (default ``bench/results.json``), which the README quotes.  Then it
+runs the case of each target missed once more under a profile (:mod:`bench.profiling`), written to
+``profiles/<case>.txt`` beside the results (``--no-profile``: none).
 Records are produced by Spark's Kafka sink (untimed).  All figures are wall times: other load on the machine
 inflates them, so the header and footer print the load average.
 """
@@ -111,13 +115,21 @@ def timed(fn, *args, **kwargs):
 
 class PeakRss:
     """Peak resident set size of processes over a block: their high-water mark (``VmHWM``) is reset on entry
-    (``/proc/<pid>/clear_refs``, 5) and read on exit, in bytes; None where Linux does not let it be read."""
+    (``/proc/<pid>/clear_refs``, 5) and read on exit, in bytes; None where Linux does not let it be read.
 
-    def __init__(self, **pids: int | None) -> None:
-        self.pids = pids
+    ``collect``: the names of JVMs among them to collect fully first (``jcmd <pid> GC.run``), so that each block
+    starts from a heap the collector has sized down to what is live: a JVM keeps the heap it grew to until a
+    collection shrinks it, so without this a block's peak holds what earlier work (a copy of the same records, a
+    compaction) made it commit."""
+
+    def __init__(self, collect: tuple[str, ...] = (), **pids: int | None) -> None:
+        self.pids, self.collect = pids, collect
         self.peak: dict[str, int | None] = {}
 
     def __enter__(self) -> "PeakRss":
+        for name in self.collect:
+            if (pid := self.pids.get(name)) is not None and shutil.which("jcmd"):
+                subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60)
         for pid in self.pids.values():
             if pid is not None:
                 try:
@@ -341,7 +353,7 @@ class Bench:
         """One full run of ``name``: every step in order, as ``pipeline.run_once`` does them, each timed; with the
         peak RSS of the driver and of this process over the run."""
         config, steps, out = str(self.config), {}, {}
-        with PeakRss(**self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
+        with PeakRss(("driver",), **self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
             for step in pipeline.STEPS:
                 done, steps[step] = timed(lambda: pipeline.run_once(name, config, self.spark, steps=(step,)))
                 out[step] = done[step]
@@ -425,7 +437,7 @@ class Bench:
         self.produce(name, COMPACTED_EXTRA)
         last = pipeline.run_once(name, config, self.spark)["tick"]["into_time"]
         retention = load_config(config).source(name).retention_ms
-        with PeakRss(**self.pids) as rss:
+        with PeakRss(("driver",), **self.pids) as rss:
             result, compact_s = timed(pipeline.compact, name, config, last + retention, self.spark)
         if not result["compacted"] or result["since"] != last:
             raise RuntimeError(f"{name}: compaction to {last} did not run: {result}")
@@ -491,6 +503,65 @@ class Bench:
         print(f"  {a.wide_partitions} / {a.partitions}: {ratio:.2f}x")
         return {"records": a.partition_records, "seconds": {str(p): r["seconds"] for p, r in times.items()},
                 "steps_s": {str(p): r["steps_s"] for p, r in times.items()}, "ratio": ratio}
+
+    # profiles of missed targets ---------------------------------------------------------------
+
+    def profile_case(self, case: str, results: dict) -> str:
+        """Run ``case`` (:data:`bench.profiling.CASES`) once more under a profile; its report."""
+        from bench.profiling import Profile, command_report, scheduler_report
+
+        a, config = self.args, str(self.config)
+        kind, _, arg = case.partition("-")
+        if kind in ("size", "compaction", "empty", "wide"):
+            reports = []
+            for count, records in ([(a.partitions, a.partition_records), (a.wide_partitions, a.partition_records)]
+                                   if kind == "wide" else [(a.partitions, 0 if kind == "empty" else int(arg))]):
+                name = self.add_source(f"prof_{kind}{count}", count)
+                pipeline.run_once(name, config, self.spark)  # creates the tables
+                if records:
+                    topic = self.sources[name][0]
+                    self.produce(name, records)
+                    read_through(self.spark, self.bootstrap, topic, {p: (0, e) for p, e in topic_upper(
+                        self.bootstrap, topic).items()})
+                if kind == "compaction":  # as Bench.compaction: the batch, then COMPACTED_EXTRA later, folded
+                    pipeline.run_once(name, config, self.spark)
+                    self.produce(name, COMPACTED_EXTRA)
+                    last = pipeline.run_once(name, config, self.spark)["tick"]["into_time"]
+                    with Profile(self.pids["driver"], self.workdir) as profile:
+                        pipeline.compact(name, config, last + load_config(config).source(name).retention_ms, self.spark)
+                    reports.append(f"a compaction folding {records:,} records\n\n" + profile.report())
+                    continue
+                steps = {}
+                with Profile(self.pids["driver"], self.workdir) as profile:
+                    for step in pipeline.STEPS:
+                        steps[step] = timed(pipeline.run_once, name, config, self.spark, steps=(step,))[1]
+                reports.append(f"a full run of {records:,} records over {count} partitions: " + ", ".join(
+                    f"{step} {t:.2f}s" for step, t in steps.items()) + "\n\n" + profile.report())
+            return "\n\n".join(reports)
+        if case == "query":
+            name = max(results["sizes"], key=lambda r: r["records"])["source"]
+            return command_report(["-m", "reclock.cli", "--config", config, "query", "--as-of", "latest", "--source",
+                                   name, "--sql", f"SELECT count(*) AS n FROM {name}"], dict(os.environ), self.workdir)
+        if case == "dags-test":
+            from devtools.airflow_home import AIRFLOW, airflow_env
+
+            self.produce("dag", a.dag_records)
+            return command_report([AIRFLOW, "dags", "test", "reclock_dag"],
+                                  airflow_env(self.workdir / "airflow", self.config), self.workdir)
+        if case == "scheduler":
+            return scheduler_report(results["scheduler"])
+        if case == "parse":
+            from devtools.airflow_home import DAGS_FOLDER, airflow_env
+
+            script = self.workdir / "parse_script.py"
+            script.write_text(PARSE_SCRIPT)
+            env = airflow_env(self.workdir / "parse-airflow", self.workdir / "parse-sources.yaml")
+            command = [str(script), str(DAGS_FOLDER / "reclock_sources.py")]
+            return ("the DAG file parsed whole\n\n" + command_report(command, env, self.workdir)
+                    + "\n\nas a task process of reclock_s0500 parses it\n\n" + command_report(command, {
+                        **env, "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "reclock_s0500",
+                        "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "tick"}, self.workdir))
+        raise ValueError(f"no profile for case {case!r}")
 
     # Airflow ----------------------------------------------------------------------------------
 
@@ -563,12 +634,15 @@ class Bench:
             dag_id = f"reclock_{name}"
             wait_for(lambda: set(dag_ids(db)) >= {dag_id, "reclock_floor"}, 300, airflow, "its DAGs parsed")
 
+            runs: list[tuple[str, str]] = []
+
             def triggered(dag: str) -> float:
                 run_id = f"bench_{uuid.uuid4().hex[:8]}"
                 run([AIRFLOW, "dags", "trigger", dag, "--run-id", run_id], env, 300)
                 state = wait_for(lambda: finished(db, dag, run_id), 900, airflow, f"{dag} run {run_id}")
                 if state[0] != "success":
                     raise RuntimeError(f"{dag} run {run_id} ended {state[0]} (see {self.workdir / 'standalone.log'})")
+                runs.append((dag, run_id))
                 return state[1]
 
             empty_s = triggered(dag_id)
@@ -583,7 +657,8 @@ class Bench:
         print(f"  Airflow alone, the same {len(tasks)} tasks doing nothing: " + ", ".join(f"{s:.2f}s" for s in floor_s)
               + f"; reclock's part of the run: {dag_s - floor_s[-1]:.2f}s")
         return {"records": a.dag_records, "seconds": dag_s, "first_run_s": empty_s, "floor_s": floor_s[-1],
-                "floor_first_run_s": floor_s[0], "validator": validator}
+                "floor_first_run_s": floor_s[0], "validator": validator,
+                "task_times": {"run": task_times(db, *runs[1]), "floor": task_times(db, *runs[-1])}}
 
 
 def fresh_validator() -> None:
@@ -603,6 +678,22 @@ def served_by_validator() -> bool:
           f"{pids[0]}, started by the first run)" if pids else "  no Great Expectations validator served: the check "
           "tasks imported GX")
     return bool(pids)
+
+
+def task_times(db: Path, dag_id: str, run_id: str) -> list[dict]:
+    """Each task instance of a DAG run, in the order they started: seconds from the run's ``queued_at`` to the
+    task's queueing, its start and its end (the metadata database's own times)."""
+    import sqlite3
+    from datetime import datetime
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        (queued_at,) = conn.execute("SELECT queued_at FROM dag_run WHERE dag_id = ? AND run_id = ?",
+                                    (dag_id, run_id)).fetchone()
+        rows = conn.execute("SELECT task_id, queued_dttm, start_date, end_date FROM task_instance WHERE dag_id = ? "
+                            "AND run_id = ? ORDER BY start_date", (dag_id, run_id)).fetchall()
+    zero = datetime.fromisoformat(queued_at)
+    at = lambda t: None if t is None else round((datetime.fromisoformat(t) - zero).total_seconds(), 3)  # noqa: E731
+    return [{"task": task, "queued": at(queued), "start": at(start), "end": at(end)} for task, queued, start, end in rows]
 
 
 def dag_ids(db: Path) -> list[str]:
@@ -789,6 +880,10 @@ def parse_args(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
     parser.add_argument("--no-compaction", dest="compaction", action="store_false",
                         help="do not time, per size, a compaction that folds the batch")
+    parser.add_argument("--profiles", type=Path, default=None,
+                        help="where the profiles of missed targets go (default: a folder profiles/ beside --results)")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="do not profile the cases of missed targets")
     args = parser.parse_args(argv)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     return args
@@ -845,6 +940,12 @@ def main(argv=None) -> int:
                 if "parse" not in args.skip:
                     results["parse"] = parse(workdir, broker.bootstrap)
                 results["targets_met"] = summary(results)
+                if args.profile:
+                    from bench.profiling import profile_missed
+
+                    section("profiles of the targets missed (bench/profiling.py)")
+                    results["profiles"] = profile_missed(bench, results, results["targets_met"],
+                                                         args.profiles or args.results.parent / "profiles")
             finally:
                 spark.stop()
     finally:

@@ -1,0 +1,42 @@
+"""The bench's profiles of missed targets (bench/profiling.py): which case each target gets, and a profile of a real
+JVM and of this process."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench.profiling import Profile, missed_cases
+
+
+@pytest.mark.parametrize("met, largest, cases", [
+    ({}, None, {}),
+    ({"ratio_100000": True, "empty": None}, 10_000_000, {}),           # met, or not run: nothing to profile
+    ({"ratio_10000000": False, "check": True}, 10_000_000, {"size-10000000": ["ratio_10000000"]}),
+    ({"ratio_10000000": False, "rss": False, "check": False}, 10_000_000,  # one run of 10M profiles all three
+     {"size-10000000": ["ratio_10000000", "rss", "check"]}),
+    ({"rss": False}, 30_000_000, {"size-30000000": ["rss"]}),            # the largest size run
+    ({"rss": False, "compaction": False}, None, {}),                      # no size run: no case of a size
+    ({"wide": False, "dag": False, "dag_scheduler": False, "parse": False, "own_dag": False, "query": False},
+     1_000_000, {"wide": ["wide"], "dags-test": ["dag"], "scheduler": ["dag_scheduler"],
+                 "parse": ["parse", "own_dag"], "query": ["query"]}),
+    ({"compaction": False, "empty": False, "linearity": False}, 1_000_000,  # not a target: never profiled
+     {"compaction-1000000": ["compaction"], "empty": ["empty"]}),
+])
+def test_missed_cases(met, largest, cases):
+    assert missed_cases(met, largest) == cases
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("jcmd") is None or shutil.which("jfr") is None, reason="needs the JDK's jcmd and jfr")
+def test_a_profile_samples_the_driver_jvm_and_this_process(spark, tmp_path):
+    pid = spark.sparkContext._gateway.proc.pid
+    with Profile(pid, tmp_path) as profile:
+        total = spark.range(0, 20_000_000, numPartitions=4).selectExpr("sum(id * 7 % 13)").collect()[0][0]
+    assert total > 0 and profile.seconds > 0
+    report = profile.report()
+    assert "== Python (cProfile, this process) ==" in report and "collect" in report
+    jvm = report.split(f"== the driver JVM (Java Flight Recorder, pid {pid}) ==", 1)[1]
+    samples = int(jvm.split(" execution samples", 1)[0].split()[-1])
+    assert samples > 0 and "Executor task launch worker" in jvm and "org.apache.spark" in jvm
+    assert "heap: " in jvm
