@@ -7,8 +7,9 @@ writes what it spent its time on to ``<profiles>/<case>.txt`` (``bench/profiles/
 * a case run in the bench's process (a full run of one size, a run with nothing new, the wide and narrow
   sources, a compaction): cProfile of the process (the steps' Python side, with what they wait on Spark Connect
   for), and Java Flight Recorder on the driver JVM (``jcmd <pid> JFR.start``, its ``profile`` settings, Java code
-  sampled every millisecond) over the same block: the threads sampled, the frames with the most samples on top of the stack, Spark's, Kafka's,
-  Parquet's and Delta's frames by samples anywhere in the stack, and the heap at its collections;
+  sampled every millisecond, which slows the run) over the same block: the threads sampled, the frames with the
+  most samples on top of the stack, Spark's, Kafka's, Parquet's and Delta's frames by samples anywhere in the
+  stack, and the heap at its collections;
 * a case that is a command (``reclock query``, ``airflow dags test``, parsing the DAG file): the command again
   under ``python -m cProfile``;
 * a DAG run under the scheduler, whose tasks are processes of their own: its task instances' times from the
@@ -65,7 +66,8 @@ class Profile:
             _jcmd(self.jvm, "JFR.stop", "name=bench-profile")
 
     def report(self) -> str:
-        text = f"profiled run: {self.seconds:.2f}s\n\n== Python (cProfile, this process) ==\n" + python_report(self.python)
+        text = (f"profiled run: {self.seconds:.2f}s\n\n== Python (cProfile, this process) ==\n"
+                + python_report(self.python))
         if self.jvm is not None:
             text += f"\n== the driver JVM (Java Flight Recorder, pid {self.jvm}) ==\n" + jvm_report(self.recording)
         return text

@@ -223,9 +223,10 @@ def read_tasks(spans: Mapping[int, tuple[int, int]], max_offsets: int | None = N
     records it reads), and each partition a consumer of its own: 1M records over 64 partitions took Spark's own
     read 1.72 s against 0.95 s over 8 (writing nothing), and staged in 2.58 s in 20 tasks (at least 50K offsets
     each), 2.16 s in 8 (125K), 2.11 s in 4 (250K), against 1.55 s over 8 partitions in 8 tasks (medians of 3, Spark
-    Connect on 2 cores, 2026-11-30); 100K records over 8 partitions staged as fast in 1 task as in 2.  Fewer tasks than ``natural`` means partitions coalesced: each task reads several in turn,
-    at most ``max_partitions`` (Spark releases a task's consumers when it ends, so a task of a thousand small
-    partitions would hold a thousand consumers).  A wide read is never split further than Spark splits it.
+    Connect on 2 cores, 2026-11-30); 100K records over 8 partitions staged as fast in 1 task as in 2.  Fewer tasks
+    than ``natural`` means partitions coalesced: each task reads several in turn, at most ``max_partitions`` (Spark
+    releases a task's consumers when it ends, so a task of a thousand small partitions would hold a thousand
+    consumers).  A wide read is never split further than Spark splits it.
     """
     import math
 
