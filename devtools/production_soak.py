@@ -21,7 +21,9 @@ Then the generators stop and the schedule goes on until every source has publish
 * ``payments``: the published rows are the table's rows, each once (by primary key and contents);
 * ``weblogs``: the published lines are the files' lines, each once;
 * every recorded AS OF answer is the same again, unless compaction folded its time away (then refused);
-* no DAG run is left queued or running.
+* no DAG run is left queued or running;
+* no check failed: nothing corrupt is injected, so a failed check (a run racing another of its source, a fault)
+  is a wrong answer of the checks.
 
 What it finds goes to ``--out`` (JSON: the faults and when, the runs by state, the records, the anomalies);
 ``python -m devtools.soak --part production`` merges it into ``soak/results.json``.
@@ -373,6 +375,8 @@ class Soak:
                                                   or not said.startswith("reclock: error:")):
                     self.anomalies.append(f"reclock run {source} beside a scheduled run: exit {cli.returncode}, "
                                           f"not one clear line:\n{cli.stderr[-3000:]}")
+                if "checks passed on" in cli.stderr:  # ChecksFailed: nothing corrupt was injected
+                    self.anomalies.append(f"reclock run {source} beside a scheduled run: a check failed: {said[:2000]}")
                 return {"dag": dag, "cli_exit": cli.returncode, "cli_said": said[:300]}
             time.sleep(0.5)
         return {"dag": None, "why": f"no scheduled run running within {timeout:.0f}s"}
@@ -512,6 +516,7 @@ class Soak:
                       "SELECT dag_id, run_id, task_id, try_number FROM task_instance WHERE state = 'failed' "
                       "UNION ALL SELECT dag_id, run_id, task_id, try_number FROM task_instance_history "
                       "WHERE state = 'failed' ORDER BY 1, 2, 3, 4")]
+        self.anomalies += [f"a check failed: {line}" for line in failed if "checks passed on" in line]  # ChecksFailed
         from reclock import validator
 
         return {"caught_up_s": round(caught_up_s, 1), "as_of_answers": {

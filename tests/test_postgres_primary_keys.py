@@ -104,3 +104,43 @@ def test_a_key_held_twice_is_refused(spark, db, tmp_path):
         assert ctx.tables.reclocked_upper() == 1_001
         reports = check_log.read(ctx.tables.uri)["reports"]
     assert [kind for kind, report in reports.items() if not report["success"]] == ["primary_key"], reports
+
+
+def test_a_check_whose_window_another_run_publishes_meanwhile_ends_saying_so(spark, db, monkeypatch, caplog):
+    """A schedule and a manual run of one source stage one window (the manual run's attempt is the later one) and
+    the schedule checks it; while the manual run's check runs, the schedule publishes the window: the manual run's
+    check reads those rows twice, published and staged, and its primary-key check fails (multiplicity 2).  That
+    is the race, not the batch: the check ends saying the window was published by another run, raising nothing,
+    and every change is published once (found in the soak, 2026-11-30)."""
+    import reclock.checks
+
+    dsn, config = db
+    pipeline.run_once("bank", config, spark, now=1_000)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("INSERT INTO acct VALUES (7, 70)")
+        c.execute("UPDATE acct SET bal = 21 WHERE id = 2")
+    upto = run(config, spark, 2_000)  # the schedule stages
+    assert pipeline.stage("bank", config, spark)["upto"] == upto  # the manual run stages the same window
+    assert "PASS reclocked.primary_key_unique" in pipeline.check("bank", config, spark)["primary_key"]  # schedule
+
+    real, published = reclock.checks.check_primary_keys, []
+
+    def publish_meanwhile(*args, **kwargs):  # the schedule publishes while the manual run's check runs
+        if not published:
+            published.append(pipeline.publish("bank", config, spark))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reclock.checks, "check_primary_keys", publish_meanwhile)
+    done = pipeline.check("bank", config, spark)  # the manual run's
+    assert [(p["published"], p["reclocked_upper"]) for p in published] == [(True, upto + 1)]
+    assert done["published_by_another_run"] is True and set(done) == {"remap", "published_by_another_run"}, done
+    assert "another run published IntoTimes up to" in caplog.text and "primary_key checks failed" in caplog.text
+    with runtime.open_source("bank", config, connect=False) as ctx:
+        assert check_log.read(ctx.tables.uri)["success"]
+        rows = ctx.tables.read_reclocked_arrow().to_pylist()
+    held = {}
+    for r in (r for r in rows if r["table"] == "public.acct"):
+        held[r["row"]] = held.get(r["row"], 0) + r["diff"]
+    assert {row: n for row, n in held.items() if n} == {'{"id":1,"bal":"10"}': 1, '{"id":2,"bal":"21"}': 1,
+                                                       '{"id":7,"bal":"70"}': 1}
+    assert pipeline.publish("bank", config, spark)["published"] is False

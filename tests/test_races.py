@@ -26,6 +26,8 @@ from conftest import assert_reclocked_is_replay, over_connect, run_cli, write_co
 
 from devtools.kafka_broker import produce
 from reclock import pipeline, runtime
+from reclock.check_report import CheckReport, CheckResult
+from reclock.check_step import failed_by_another_run
 from reclock.engine import Frontier
 from reclock.storage import ConcurrentWriteError, SourceTables
 
@@ -255,6 +257,28 @@ def test_a_step_whose_window_another_run_published_ends_saying_so(error, publish
         if error is not None:
             raise error
     assert raced.by_another_run == (outcome == "by another run")
+
+
+def _report(success: bool) -> CheckReport:
+    return CheckReport("a batch", 3, (CheckResult("reclocked.primary_key_unique", "expect", success, "keys once"),))
+
+
+@pytest.mark.parametrize("remap, batch, published_upper, by_another_run", [
+    # the window is IntoTimes 10..20; its check began with nothing of it published (upper 10)
+    (True, {"primary_key": False}, 16, True),  # a prefix published meanwhile: its rows were read twice
+    (True, {"history": False, "primary_key": False}, 21, True),  # the whole window
+    (False, {"primary_key": False}, 21, True),  # the remap's own report stands (recorded, raised)
+    (True, {"primary_key": False}, 10, False),  # nothing published: the failure is the batch's own
+    (True, {"reclocked": True, "primary_key": True}, 21, False),  # passed: nothing to explain
+    (False, {"reclocked": True}, 21, False),  # only the remap failed: its own failure
+])
+def test_a_check_failing_on_a_window_another_run_published_meanwhile_says_so(remap, batch, published_upper,
+                                                                             by_another_run, caplog):
+    ctx = type("Ctx", (), {"tables": _Published(published_upper)})()
+    results = {"remap": _report(remap), **{kind: _report(ok) for kind, ok in batch.items()}}
+    assert failed_by_another_run("orders", ctx, (10, 20), results) == by_another_run
+    said = f"orders: another run published IntoTimes up to {published_upper - 1} while this check of IntoTimes 10..20"
+    assert (said in caplog.text) == by_another_run
 
 
 def test_a_batch_staged_before_another_run_published_is_neither_checked_nor_published(spark, tmp_path, caplog):

@@ -73,6 +73,29 @@ def stale_stage(name: str, ctx: SourceContext, window: tuple[int, int] | None, s
     return {"published_by_another_run": True, "stale_batch": [began, window[1]]}
 
 
+def failed_by_another_run(name: str, ctx: SourceContext, window: tuple[int, int], results: dict) -> bool:
+    """Whether the batch of ``window`` failed its checks (``results``: by kind) because another run published
+    part of the window while they ran; logged when so.
+
+    Two runs of one source may stage one window (a schedule beside a manual run); the later attempt is the one
+    published, by whichever run publishes first.  A check running meanwhile reads the published history with
+    this batch's rows already in it, and the batch again: every key it touches seems held twice (the history and
+    primary-key checks fail), though nothing was published twice.  When any of the window is published (its
+    reclocked upper is past the window's start, which it was not when the check began: :func:`stale_stage`), the
+    failure is that race: the batch was checked by the run that published it, and what is left of the window is
+    staged and checked again by the next run.  A failed remap check, and failed results while nothing of the
+    window is published, are this check's own."""
+    if all(report.success for kind, report in results.items() if kind != "remap"):
+        return False
+    if (upper := ctx.tables.reclocked_upper()) <= window[0]:
+        return False
+    failed = sorted(kind for kind, report in results.items() if kind != "remap" and not report.success)
+    log.warning("%s: another run published IntoTimes up to %d while this check of IntoTimes %d..%d ran; its %s "
+                "checks failed on the rows published meanwhile, read twice; this check did nothing more", name,
+                upper - 1, window[0], window[1], ", ".join(failed))
+    return True
+
+
 def check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -> dict:
     """The checks of the staged batch of ``window``: summarized with Arrow first (:mod:`reclock.batch_summary`),
     read in Spark (DataFrames of the staged Parquet files) only by the checks the summary does not settle."""

@@ -349,7 +349,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     run is recorded as passed, reusing that remap report.
     """
     from . import check_log
-    from .check_step import check_batch, idle_check, stale_stage
+    from .check_step import check_batch, failed_by_another_run, idle_check, stale_stage
     from .checks import check_remap, remap_digest
 
     runtime = Runtime.of(runtime, spark)
@@ -366,11 +366,12 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
 
         gx = open_context(ctx.tables.uri, name)
         with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
-            results = {"remap": check_remap(remap_rows, since=remap.since, upstreams=upstreams, gx=gx)}
+            results, raced = {"remap": check_remap(remap_rows, since=remap.since, upstreams=upstreams, gx=gx)}, Raced()
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
                 with published_meanwhile(name, ctx, window[1], "check") as raced:
                     results.update(check_batch(ctx, remap, window, gx))
+                    raced.by_another_run = failed_by_another_run(name, ctx, window, results)
                 if raced.by_another_run:  # its batch was checked by the run that published it
                     results = {"remap": results["remap"]}
                     window = None
@@ -382,7 +383,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
              or gx.docs_index)
     for report in results.values():
         report.raise_for_failure()
-    return {k: v.summary() for k, v in results.items()}
+    summaries = {k: v.summary() for k, v in results.items()}
+    return {**summaries, "published_by_another_run": True} if raced.by_another_run else summaries
 
 
 def publish(name: str, runtime: Where = None, spark=None) -> dict:
