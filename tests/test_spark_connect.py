@@ -23,12 +23,19 @@ pytestmark = pytest.mark.slow
 # In the subprocess: every step at IntoTime NOW over the server, and what the process holds afterwards.
 RUN_ONCE = """
 from pyspark import SparkContext
+from pyspark.sql.connect.client.core import SparkConnectClient
 from reclock import pipeline, runtime
 from reclock.spark.session import is_remote
+analyzed, analyze = [], SparkConnectClient._analyze
+def counted(self, method, **kwargs):  # a round trip to the server that runs no job (a schema, unpersist, ...)
+    analyzed.append(method)
+    return analyze(self, method, **kwargs)
+SparkConnectClient._analyze = counted
 steps = [pipeline.run_once(NAME, CONFIG, now=now) for now in NOWS]
 with runtime.open_source(NAME, CONFIG, spark=True) as ctx:
     remote = is_remote(ctx.spark)
-emit({"steps": steps, "remote": remote, "local_jvm": SparkContext._active_spark_context is not None})
+emit({"steps": steps, "remote": remote, "local_jvm": SparkContext._active_spark_context is not None,
+      "analyzed": analyzed})
 """
 
 
@@ -47,6 +54,7 @@ def test_kafka_run_once_over_spark_connect(spark_connect, kafka_broker, kafka_to
 
     assert first["remote"] and not first["local_jvm"], first["output"][-3000:]
     assert second["remote"] and not second["local_jvm"], second["output"][-3000:]
+    assert second["analyzed"] == [], second["analyzed"]  # the runs' only round trips are their Spark jobs
     [one], [two, idle] = first["steps"], second["steps"]
     assert one["tick"]["frontier"] == {"0": 3, "1": 3, "2": 3} and one["stage"]["staged_rows"] == 9
     assert two["tick"]["frontier"] == {"0": 13, "1": 13, "2": 13} and two["stage"]["staged_rows"] == 30

@@ -296,6 +296,20 @@ def test_dead_letters_need_a_read_that_goes_on(spark, kafka_broker, kafka_topic)
         read_ranges(spark, kafka_spec_of(kafka_broker, topic), [(1, 0, 0, 1)], on_bad_record="skip")
 
 
+def test_a_read_that_fails_on_bad_records_is_not_split():
+    """With ``on_bad_record: fail`` (the default) the read has no bad-record columns: the step does not ask Spark
+    for the frame's columns (with Spark Connect, a round trip to the server) to find that out."""
+    class Unasked:
+        @property
+        def columns(self):
+            raise AssertionError("asked Spark for the frame's columns")
+
+    frame = Unasked()
+    assert spark_source.split_bad_records(frame, "s", "fail") == (frame, None)
+    with pytest.raises(AssertionError, match="asked Spark"):
+        spark_source.split_bad_records(frame, "s", "dead_letter")
+
+
 def test_python_read_dead_letters_what_its_source_cannot_decode(spark, tmp_path):
     """A source without a native read whose read yields BadRecords (files) is read with on_bad_record="dead_letter"
     by the Python data source: the lines that decode as with "fail", the others as dead letters with their

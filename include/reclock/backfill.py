@@ -201,7 +201,7 @@ def _replayed(spark, ctx: SourceContext, window: Window, schema):
 
     if not window.ranges:
         return spark.createDataFrame([], schema)
-    return split_bad_records(read_bound(ctx, window.ranges, spark), ctx.config.name)[0]
+    return split_bad_records(read_bound(ctx, window.ranges, spark), ctx.config.name, ctx.config.on_bad_record)[0]
 
 
 def _published(spark, ctx: SourceContext, window: Window):

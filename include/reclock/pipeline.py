@@ -308,7 +308,7 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
         from .spark.source import split_bad_records, worker_source_error
 
         df = read_bound(ctx, ranges)
-        records, dead_letters = split_bad_records(df, name)
+        records, dead_letters = split_bad_records(df, name, ctx.config.on_bad_record)
         if dead_letters is not None:  # both read the batch: once from the upstream
             df.persist()
         try:
@@ -318,8 +318,9 @@ def stage(name: str, runtime: Where = None, spark=None) -> dict:
             if (message := worker_source_error(e)) is None:
                 raise
             raise SourceError(f"{name}: staging IntoTimes {start}..{upto} failed: {message}") from e
-        finally:
-            df.unpersist()
+        finally:  # (unpersisting a frame never persisted is a Spark Connect round trip all the same)
+            if dead_letters is not None:
+                df.unpersist()
         if raced.by_another_run:
             return {"staged_rows": 0, "start": start, "upto": upto, "published_by_another_run": True}
         result = {"staged_rows": rows, "start": start, "upto": upto, "ranges": len(ranges)}

@@ -268,15 +268,16 @@ def read_ranges(spark, spec: Mapping[str, Any], ranges: Iterable[Sequence[Any]],
     return _shifted(df, base) if shifted else df
 
 
-def split_bad_records(df, source: str):
+def split_bad_records(df, source: str, on_bad_record: str = "dead_letter"):
     """``(records, dead letters)`` of a frame read with ``on_bad_record="dead_letter"``: the records that decoded,
     without :data:`BAD_RECORD_COLUMNS`, and the others as rows of source ``source``'s dead-letter table
     (``source, partition, offset, into_time, key, value, error``: :func:`reclock.storage.dead_letter_schema`).
-    A frame read with ``fail`` has no bad records: ``(df, None)``."""
+    A frame read with ``fail`` has no bad records: ``(df, None)``, without asking Spark for its columns (with
+    Spark Connect, a round trip to the server); nor has a frame without the columns (only landed partitions)."""
     from pyspark.sql import functions as F
 
     error, raw_key, raw_value = BAD_RECORD_COLUMNS
-    if error not in df.columns:
+    if on_bad_record != "dead_letter" or error not in df.columns:
         return df, None
     records = df.where(F.col(error).isNull()).drop(*BAD_RECORD_COLUMNS)
     dead_letters = df.where(F.col(error).isNotNull()).select(
