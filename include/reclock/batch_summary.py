@@ -25,6 +25,8 @@ per-record law, the frames against Spark's; tests/test_pipeline.py: a Kafka batc
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -92,35 +94,59 @@ class Summary:
 
 
 def summarize(files: Iterable[Iterable[pa.RecordBatch]]) -> Summary:
-    """The summary of a batch given as its files, each as its record batches (``COLUMNS``, in the file's order)."""
-    partials: list[pa.Table] = []
-    intervals: dict = {}  # partition -> [[first, last] per file]
-    complete, unique, partition_type = True, True, None
-    for batches in files:
-        last: dict = {}  # partition -> its last offset so far in this file
-        for batch in batches:
-            table = pa.Table.from_batches([batch]).select(COLUMNS)
-            partition_type = table.schema.field("partition").type
-            zero = pc.fill_null(pc.equal(table["diff"], 0), False).cast(pa.int64())
-            partials.append(table.append_column("_zero", zero).group_by(_GROUP, use_threads=False)
-                            .aggregate(_AGGREGATES))
-            complete = complete and not (table["partition"].null_count or table["offset"].null_count)
-            unique = unique and complete and _increasing(table, last)
-        for p, (first, end) in last.items():
-            intervals.setdefault(p, []).append((first, end))
-    if partition_type is None:
+    """The summary of a batch given as its files, each as its record batches (``COLUMNS``, in the file's order).
+
+    Files are read and summarized in threads, one per core (Arrow's reads and aggregates release the GIL): each
+    file's part of the law is its own, and merging the parts does not depend on their order."""
+    files = list(files)
+    with ThreadPoolExecutor(max(1, min(len(files), os.cpu_count() or 1))) as pool:
+        parts = list(pool.map(_summarize_file, files))
+    partials = [partial for part in parts for partial in part.partials]
+    types = [part.partition_type for part in parts if part.partition_type is not None]
+    if not types:
         groups = pd.DataFrame({name: pd.array([], dtype="Int64") for name in [*_GROUP, *_NAMES]})
         return Summary(groups, True, True, True)
+    complete = all(part.complete for part in parts)
+    unique = complete and all(part.unique for part in parts)
+    intervals: dict = {}  # partition -> [[first, last] per file]
+    for part in parts:
+        for p, span in part.spans.items():
+            intervals.setdefault(p, []).append(span)
     merged = pa.concat_tables(partials, promote_options="default").group_by(  # files may differ in nullability
         _GROUP, use_threads=False).aggregate([
         ("count_all", "sum"), ("offset_min", "min"), ("offset_max", "max"), ("_zero_sum", "sum")])
     groups = pd.DataFrame({name: merged[name].to_pandas() for name in _GROUP} | {
         name: merged[column].to_pandas() for name, column in zip(_NAMES, [
             "count_all_sum", "offset_min_min", "offset_max_max", "_zero_sum_sum"])})
-    integer = pa.types.is_integer(partition_type)
+    integer = pa.types.is_integer(types[-1])
     for name in ([*_GROUP, *_NAMES] if integer else ["into_time", *_NAMES]):
         groups[name] = groups[name].astype("Int64")
     return Summary(groups, complete, unique and all(_disjoint(spans) for spans in intervals.values()), integer)
+
+
+@dataclass
+class _FilePart:
+    """One file's part of a summary: its groups' partial aggregates, whether it is complete, whether its offsets
+    strictly increase per partition in its order, and each partition's ``(first, last)`` offsets in it."""
+
+    partials: list
+    complete: bool
+    unique: bool
+    spans: dict
+    partition_type: pa.DataType | None
+
+
+def _summarize_file(batches: Iterable[pa.RecordBatch]) -> _FilePart:
+    part = _FilePart([], True, True, {}, None)
+    for batch in batches:
+        table = pa.Table.from_batches([batch]).select(COLUMNS)
+        part.partition_type = table.schema.field("partition").type
+        zero = pc.fill_null(pc.equal(table["diff"], 0), False).cast(pa.int64())
+        part.partials.append(table.append_column("_zero", zero).group_by(_GROUP, use_threads=False)
+                             .aggregate(_AGGREGATES))
+        part.complete = part.complete and not (table["partition"].null_count or table["offset"].null_count)
+        part.unique = part.unique and part.complete and _increasing(table, part.spans)
+    return part
 
 
 def _increasing(table: pa.Table, last: dict) -> bool:
