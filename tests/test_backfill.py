@@ -298,7 +298,9 @@ def task_log(home: Path, dag_id: str, run_id: str, task_id: str) -> list[str]:
 @pytest.mark.slow
 def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark, spark_connect, tmp_path,
                                                             airflow_db_template):  # noqa: F811
-    """``airflow backfill create`` over three hours, run by a real scheduler (LocalExecutor) and API server.
+    """``airflow backfill create`` over three hours, run by a real scheduler (LocalExecutor, with the
+    ``reclock_preload`` plugin: the replays run in task processes forked with the task modules imported) and API
+    server.
 
     Hour 1 is intact, hour 2 lost a published row, hour 3 is not published yet; in "repair" mode the
     runs verify hour 1, rewrite hour 2 and refuse hour 3.  The history is made here (local Spark); then the
@@ -326,6 +328,7 @@ def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark,
     home, port = tmp_path / "airflow", free_port()
     env = prepare_home(home, config, db_template=airflow_db_template)
     env.update({"AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__API__PORT": str(port),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(DAGS_FOLDER.parent / "plugins"),  # reclock_preload
                 "AIRFLOW__API__WORKERS": "1", "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"})
     dag_id = "reclock_backfill_events"
@@ -341,6 +344,8 @@ def test_airflow_backfill_create_replays_each_data_interval(kafka_broker, spark,
     with AirflowServices(env, tmp_path, port) as services:
         runs = wait_for_runs(services, home, dag_id, 3)
         others = wait_for_runs(services, home, dag_id, 1, run_types=("manual", "scheduled"))
+    # the task processes were forked with reclock's task modules imported (Spark Connect's client among them)
+    assert "reclock: task modules imported for the LocalExecutor's task processes in" in services.log("scheduler")
     logs = [task_log(home, dag_id, r["run_id"], "replay") for r in runs]
     windows = [[h, h + 3_599_999] for h in hours]
     assert [(r["state"], r["tasks"]) for r in runs] == [

@@ -177,6 +177,34 @@ def test_dags_report_parses_without_spark_or_gx(tmp_path, airflow_db_template):
     assert imported.strip().splitlines()[-1] == "[]"
 
 
+PRELOAD = """
+import sys
+sys.argv = ARGV
+sys.path.insert(0, PLUGINS)
+from reclock_preload import Preload
+heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'pyspark', 'pandas', 'deltalake', 'pyarrow'})
+before = heavy()
+Preload().on_starting(component=None)
+emit({"before": before, "after": heavy()})
+"""
+
+
+@pytest.mark.parametrize("argv, executor, preloaded", [
+    (["airflow", "scheduler"], "LocalExecutor", True),  # forks the workers that fork the task processes
+    (["airflow", "scheduler"], "CeleryExecutor", False),  # the Celery workers fork them
+    (["airflow", "dag-processor"], "LocalExecutor", False),
+    (["airflow", "api-server"], "LocalExecutor", False),
+])
+def test_only_the_scheduler_that_forks_task_processes_imports_the_task_modules(tmp_path, argv, executor, preloaded):
+    """The ``reclock_preload`` plugin's listener: the scheduler of a LocalExecutor imports the task modules before
+    its workers are forked (tests/test_backfill.py runs tasks so); no other process imports more than it did."""
+    env = {**airflow_env(tmp_path / "airflow"), "AIRFLOW__CORE__EXECUTOR": executor}
+    code = PRELOAD.replace("ARGV", repr(argv)).replace("PLUGINS", repr(str(REPO / "plugins")))
+    found = run_python(code, env)
+    heavy = ["deltalake", "pandas", "pyarrow", "pyspark"]
+    assert (found["before"], found["after"]) == ([], heavy if preloaded else []), found
+
+
 # What a task process parses: Airflow sets the parsing context to the task's DAG (get_parsing_context).
 TASK_PARSE = """
 import importlib.util, os, sys
