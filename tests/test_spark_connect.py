@@ -13,7 +13,7 @@ import pytest
 import yaml
 from airflow_env import DAGS_FOLDER, airflow_env, prepare_home, run_python
 from airflow_env import airflow_db_template  # noqa: F401  (a session fixture)
-from conftest import engine_rows, reclocked_rows, write_config, write_sources_config
+from conftest import engine_rows, fresh_database, reclocked_rows, write_config, write_sources_config
 
 from devtools.kafka_broker import produce
 from reclock import pipeline, runtime
@@ -84,6 +84,41 @@ def test_files_run_once_over_spark_connect(spark_connect, tmp_path):
         rows = ctx.tables.read_reclocked_arrow().to_pylist()
     assert sorted((r["line"], r["offset"], r["into_time"], r["diff"]) for r in rows) == [
         ("a1", 0, 1000, 1), ("a2", 3, 1000, 1), ("b1", 0, 1000, 1)]
+
+
+# In the subprocess: one step of source NAME, as an Airflow task runs it, in a process of its own.
+STEP = """
+from reclock import pipeline
+emit({"result": getattr(pipeline, STEP)(NAME, CONFIG, **KWARGS)})
+"""
+
+
+def test_a_postgres_check_alone_in_its_process_over_spark_connect(spark_connect, pg_cluster, tmp_path):
+    """Each step of a DAG run is a task process of its own. A Postgres check whose batch its summary proves opens
+    Spark only for the history: the checks' columns (the offsets spelled as commit LSNs) are made once its
+    session is open, which makes pyspark's functions Spark Connect's (before it, they fail)."""
+    import psycopg
+
+    with fresh_database(pg_cluster, "CREATE TABLE acct (id int PRIMARY KEY, bal numeric)",
+                        "INSERT INTO acct VALUES (1, 10)") as dsn:
+        config = write_sources_config(tmp_path, ("bank", "postgres", {"dsn": dsn, "slot": "s_alone",
+                                                                      "tables": ["acct"]}),
+                                      retention_ms=10**9, spark_remote=spark_connect)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+
+        def step(name: str, **kwargs):
+            code = f"CONFIG, NAME, STEP, KWARGS = {config!r}, 'bank', {name!r}, {kwargs!r}\n" + STEP
+            return run_python(code, env, timeout=600)["result"]
+
+        step("run_once", now=1_000)  # the snapshot
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("UPDATE acct SET bal = 11 WHERE id = 1")
+            c.execute("INSERT INTO acct VALUES (2, 20)")
+        step("tick", now=2_000)
+        assert step("stage")["staged_rows"] == 3
+        checked = step("check")
+        assert "PASS reclocked.primary_key_unique" in checked["primary_key"], checked
+        assert step("publish")["published"]
 
 
 # Over Connect: a compaction's rewrite (Spark reads the files it replaces by their paths and writes the new ones,

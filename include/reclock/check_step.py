@@ -118,8 +118,8 @@ def check_batch(ctx: SourceContext, remap: Remap, window: tuple[int, int], gx) -
     if not ctx.config.offsets_unique:  # records are diffs
         from .spark.labels import offset_label
 
-        label = offset_label(ctx.config.kind)
-        published = ctx.tables.read_reclocked_spark()
+        published = ctx.tables.read_reclocked_spark()  # opens Spark first: a Column needs a session (with Spark
+        label = offset_label(ctx.config.kind)  # Connect, pyspark's functions are Connect's once one is open)
         results["history"] = check_consolidated(
             published, batch(), list(getattr(ctx.source, "content_columns", None) or ctx.tables.data_columns),
             label, gx=gx)
