@@ -405,14 +405,16 @@ class Bench:
         if (bound := bound_offsets(name, str(self.config), reclock["into_time"])) != bounds:
             raise RuntimeError(f"{name}: the tick bound {bound}, the copies read {bounds}")
         copy = self.workdir / f"copy-{name}"
-        copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
+        with PeakRss(("driver",), **self.pids) as copy_rss, HeapAfterGc(self.gc_log) as copy_heap:
+            copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
         copy_s = sum(copies) / len(copies)
         query = self.query(name, copy, records)
         compaction = self.compaction(name, copy) if a.compaction else {}
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "copies_s": copies, "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"],
                 "peak_rss": reclock["peak_rss"], "driver_heap_after_gc": reclock["driver_heap_after_gc"],
-                "driver_heap_retained": reclock["driver_heap_retained"], "source": name, **query, **compaction}
+                "driver_heap_retained": reclock["driver_heap_retained"], "copy_peak_rss": copy_rss.peak,
+                "copy_driver_heap_after_gc": copy_heap.peak, "source": name, **query, **compaction}
 
     def query(self, name: str, copy: Path, records: int) -> dict:
         """``reclock query --as-of latest`` counting the source's rows, as a command of its own (no JVM: DuckDB
@@ -843,12 +845,19 @@ def summary(results: dict) -> dict:
         small, large = by[1_000_000]["peak_rss"]["driver"], by[10_000_000]["peak_rss"]["driver"]
         growth = large / small if small and large else None
         met["rss"] = None if growth is None else growth <= TARGETS["rss_growth"]
+        copy_small, copy_large = (by[n].get("copy_peak_rss", {}).get("driver") for n in (1_000_000, 10_000_000))
+        baseline = (f"; Spark's own copy after it: {mib(copy_small)} -> {mib(copy_large)} "
+                    f"({copy_large / copy_small:.2f}x)") if copy_small and copy_large else ""
         print(f"  peak driver RSS at 10M within {TARGETS['rss_growth']}x of 1M: {verdict(met['rss'])} "
-              f"({mib(small)} -> {mib(large)})")
+              f"({mib(small)} -> {mib(large)}{f', {growth:.2f}x' if growth else ''}{baseline})")
         small, large = by[1_000_000]["driver_heap_after_gc"], by[10_000_000]["driver_heap_after_gc"]
         if small and large:
             results["heap_after_gc_growth"] = large / small
-            print(f"    the driver's heap after GC, at its peak: {mib(small)} -> {mib(large)} ({large / small:.2f}x)")
+            copy_small, copy_large = (by[n].get("copy_driver_heap_after_gc") for n in (1_000_000, 10_000_000))
+            baseline = (f"; Spark's own copy: {mib(copy_small)} -> {mib(copy_large)}"
+                        if copy_small and copy_large else "")
+            print(f"    the driver's heap after GC, at its peak: {mib(small)} -> {mib(large)} ({large / small:.2f}x"
+                  f"{baseline})")
     if len(by) >= 2:
         lo, hi = (1_000_000, 10_000_000) if {1_000_000, 10_000_000} <= set(by) else (min(by), max(by))
         per = (by[hi]["reclock_s"] / hi) / (by[lo]["reclock_s"] / lo)

@@ -80,10 +80,30 @@ def test_a_check_served_by_the_validator_answers_as_this_process_does(folder, tm
             assert served.results == here.results and served.rows == here.rows, what
             assert len(served.docs) == 1, what
         assert not os.path.exists(remote.docs_index)  # built when the block ends
+    gx_context.settled(remote.root)  # after the block's answer: a reader waits for the context's lock
     assert os.path.exists(remote.docs_index) and remote.docs_dir == str(tmp_path / "remote" / "gx" / gx_context.DOCS)
     assert all(os.path.exists(os.path.join(remote.docs_dir, page)) for page in served.docs)
     with pytest.raises(Exception, match="ExpectationSuite with name nope was not found"):  # GX's own error
         remote.run("nope", remap(GOOD), {}, ["partition"])
+
+
+def test_the_data_docs_are_built_after_the_answer_and_never_fail_the_check(folder, tmp_path):
+    """A step's block of runs ends with the answer; its Data Docs are built after it, under the context's lock
+    (a reader waits for them), and a build that fails is the validator log's, not the check's."""
+    remote = validator.open_context(str(tmp_path), "orders")
+    index = Path(remote.docs_index)
+    index.mkdir(parents=True)  # a folder where the site's index goes: GX cannot write it
+    with remote.docs_once():
+        bad = check_remap(remap([(0, 10, 3), (0, 20, -2)]), gx=remote)
+    assert bad.failed == ["remap.monotone", "remap.bindings_move"]  # the check's outcome, answered
+    gx_context.settled(remote.root)
+    log = Path(f"{validator.address()}.log").read_text()
+    assert "orders: building the Data Docs failed" in log, log
+    index.rmdir()
+    with remote.docs_once():
+        assert check_remap(remap(GOOD), gx=remote).success
+    gx_context.settled(remote.root)
+    assert os.path.isfile(remote.docs_index)
 
 
 def test_the_step_never_imports_great_expectations(folder, tmp_path):

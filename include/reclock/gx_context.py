@@ -22,7 +22,8 @@ and their pages, are removed).
 A context is per source, so two sources checked at once never write one ``great_expectations.yml``.  Two
 processes may check one source at once (a scheduled run beside a manual one): GX writes its stores in place,
 so whoever makes the context, runs a checkpoint or builds the Data Docs holds the context's lock (``.lock`` at
-its root, an ``fcntl`` lock: a context root is a local directory) and they take turns.  They use the stored
+its root, an ``fcntl`` lock: a context root is a local directory) and they take turns; a reader of the Data Docs
+waits for it (:func:`settled`).  They use the stored
 definitions and write them only when missing or stale, and a process that keeps its context (its checkpoints
 are cached) makes them again when GX finds what it holds stale (a suite saved by the other meanwhile).  GX writes
 its files in place: a run killed meanwhile may leave one half written, so an unreadable config or checkpoint
@@ -124,6 +125,12 @@ class Context:
     @property
     def docs_index(self) -> str:
         return os.path.join(self.docs_dir, "index.html")
+
+    @contextlib.contextmanager
+    def held(self):
+        """This context's lock, held over the block (module docstring)."""
+        with _exclusive(self.root):
+            yield
 
     def checkpoint(self, kind: str, engine: str, index: Sequence[str], stored: bool = True):
         """The checkpoint ``<source>.<kind>``: its suite ``kind`` on a whole-dataframe batch of ``engine``
@@ -267,6 +274,30 @@ def _exclusive(root: str):
                 os.close(fd)  # releases the flock
             else:
                 _HELD[root] = (fd, depth)
+
+
+def settled(root: str, timeout: float = 30.0) -> None:
+    """Wait until no process holds the lock of the context at ``root`` (at most ``timeout`` seconds): a Data
+    Docs build in flight has ended (the validator builds a check's pages after its step returned:
+    :mod:`reclock.validator`).  Does not import GX, nor make the root."""
+    import time
+
+    try:
+        fd = os.open(os.path.join(root, LOCK), os.O_RDONLY)
+    except FileNotFoundError:  # never opened: nothing in flight
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.02)
+    finally:
+        os.close(fd)  # releases the shared lock
 
 
 def _install(root: str) -> None:

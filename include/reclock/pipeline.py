@@ -337,8 +337,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
     Each kind of check runs through its checkpoint in the source's GX context (:mod:`reclock.gx_context`), which
-    keeps the results and rebuilds the Data Docs, served by the validator (:mod:`reclock.validator`: this process
-    never imports GX while one serves); the staged batch is checked by Spark aggregates, never
+    keeps the results and rebuilds the Data Docs (after this step: :mod:`reclock.validator`, which serves the
+    context; this process never imports GX while one serves); the staged batch is checked by Spark aggregates, never
     collected (:mod:`reclock.checks`), so Spark is opened only when a batch is pending.  A source whose records
     are diffs (Postgres, CDC v2) also has its consolidated history checked
     (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys

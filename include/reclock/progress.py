@@ -215,14 +215,16 @@ def _describe(e: BaseException) -> str:
 
 def data_docs_file(source: str, page: str, config_path: str | None = None) -> str | None:
     """The file of ``page`` in configured ``source``'s Great Expectations Data Docs site (None when there is no such
-    source or file, or ``page`` leaves the site)."""
+    source or file, or ``page`` leaves the site), once a build of its pages in flight has ended."""
     import os
 
-    from .gx_context import DOCS, root_of
+    from .gx_context import DOCS, root_of, settled
 
     config = load_config(config_path)
     if source not in config.sources:
         return None
-    site = os.path.realpath(os.path.join(root_of(Warehouse(config.warehouse).source_uri(source), source), DOCS))
+    root = root_of(Warehouse(config.warehouse).source_uri(source), source)
+    settled(root)  # a build of the last check's pages in flight (reclock.validator) ends first
+    site = os.path.realpath(os.path.join(root, DOCS))
     path = os.path.realpath(os.path.join(site, page or "index.html"))
     return path if path.startswith(site + os.sep) and os.path.isfile(path) else None

@@ -7,7 +7,9 @@ The contract:
   With a validator, each of the step's connections is served by a child the validator forks for it: the child
   opens the source's :class:`reclock.gx_context.Context` and runs the step's checkpoints and its Data Docs
   build in it, as the step's own process would; a run comes back as :class:`reclock.gx_context.Run`, plain data,
-  the same either way.  The validator itself never opens a context: every connection starts from GX as imported.
+  the same either way.  The Data Docs of a step's ``docs_once`` block are built after the step has its answer
+  (off the check's path), under the context's lock taken before it: a reader that waits for the lock
+  (:func:`reclock.gx_context.settled`, as the progress page does) finds a returned check's pages.  The validator itself never opens a context: every connection starts from GX as imported.
   What a check decides never depends on where it ran; a run's error comes back as that error, raised in the step.
 * **One per installation.**  Its address is a Unix socket ``<dir>/gx-<key>.sock``: ``dir`` is
   ``$RECLOCK_VALIDATOR_DIR`` or ``<tmp>/reclock-<uid>`` (mode 0700), ``key`` a digest of the Python
@@ -311,13 +313,27 @@ class _Served(socketserver.BaseRequestHandler):
                         docs.enter_context(context.docs_once())
                         value = None
                     elif op == "docs_built":
-                        value = docs.close()  # builds them
+                        _answer_then_build(self.request, context, docs)
+                        continue
                     else:
                         raise ValueError(f"the validator has no request {op!r}")
                     answer = ("ok", value)
                 except Exception as e:  # noqa: BLE001 - the step raises it
                     answer = ("error", _portable(e))
                 _send(self.request, answer)
+
+
+def _answer_then_build(connection: socket.socket, context, docs: contextlib.ExitStack) -> None:
+    """End a step's ``docs_once`` block: answer first, then build the block's Data Docs (off the check's path),
+    holding the context's lock from before the answer, so that a reader waiting for it
+    (:func:`reclock.gx_context.settled`) after the step's check returned finds its pages.  A failed build is the
+    validator's log's (the pages are GX's record only; the check's outcome was answered)."""
+    with context.held():
+        _send(connection, ("ok", None))
+        try:
+            docs.close()  # builds them
+        except Exception as e:  # noqa: BLE001 - never the check's
+            log.warning("%s: building the Data Docs failed: %s: %s", context.source, type(e).__name__, e)
 
 
 def _portable(error: Exception) -> Exception:
