@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from . import points
@@ -336,13 +337,12 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     """Great Expectations checks on remap and the staged batch (and its dead letters, reported: a source with
     ``on_bad_record: dead_letter`` goes on past them); raises ChecksFailed.
 
-    Each kind of check runs through its checkpoint in the source's GX context (:mod:`reclock.gx_context`), which
-    keeps the results and rebuilds the Data Docs (after this step: :mod:`reclock.validator`, which serves the
-    context; this process never imports GX while one serves); the staged batch is checked by Spark aggregates, never
-    collected (:mod:`reclock.checks`), so Spark is opened only when a batch is pending.  A source whose records
-    are diffs (Postgres, CDC v2) also has its consolidated history checked
-    (:func:`reclock.checks.check_consolidated`), in Spark; one with ``primary_keys`` (Postgres) its primary keys
-    too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
+    Each kind runs through its checkpoint in the source's GX context (:mod:`reclock.gx_context`), served by the
+    validator (:mod:`reclock.validator`: this process never imports GX while one serves), which keeps the results
+    and builds the Data Docs of the step's runs once, after it; remap is validated beside the batch's summary.  The
+    batch is summarized, never collected (:func:`reclock.check_step.check_batch`); a source whose records are diffs
+    (Postgres, CDC v2) also has its consolidated history checked in Spark, one with ``primary_keys`` (Postgres) its
+    primary keys too, as staged with the batch (:func:`reclock.checks.check_primary_keys`).
 
     An idle source's run validates nothing and does not import GX (:func:`reclock.check_step.idle_check`): when
     the remap is the one the last check passed on (:func:`reclock.checks.remap_digest`) and the window holds no
@@ -352,6 +352,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     from . import check_log
     from .check_step import check_batch, failed_by_another_run, idle_check, stale_stage
     from .checks import check_remap, remap_digest
+    from .validator import open_context  # GX takes seconds to import: the validator has it imported
 
     runtime = Runtime.of(runtime, spark)
     with runtime.source(name, connect=False) as ctx:
@@ -363,19 +364,18 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
         digest = remap_digest(remap_rows, remap.since, upstreams)
         if (idle := idle_check(name, ctx, remap, window, digest)) is not None:
             return idle
-        from .validator import open_context  # GX takes seconds to import: the validator has it imported
-
         gx = open_context(ctx.tables.uri, name)
-        with gx.docs_once():  # the Data Docs of this step's runs built once, at its end
-            results, raced = {"remap": check_remap(remap_rows, since=remap.since, upstreams=upstreams, gx=gx)}, Raced()
+        with gx.docs_once(), ThreadPoolExecutor(1, thread_name_prefix=f"{name}-remap-check") as beside:
+            remap_report, results, raced = beside.submit(check_remap, remap_rows, since=remap.since,
+                                                         upstreams=upstreams, gx=gx), {}, Raced()
             if window is not None:
                 remap = remap.until(window[1] + 1)  # the remap the batch was staged from
                 with published_meanwhile(name, ctx, window[1], "check") as raced:
                     results.update(check_batch(ctx, remap, window, gx))
                     raced.by_another_run = failed_by_another_run(name, ctx, window, results)
                 if raced.by_another_run:  # its batch was checked by the run that published it
-                    results = {"remap": results["remap"]}
-                    window = None
+                    results, window = {}, None
+            results = {"remap": remap_report.result(), **results}
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir,
                      remap_digest=digest)  # durable before raising
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,

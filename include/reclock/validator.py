@@ -43,6 +43,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
@@ -151,12 +152,13 @@ class _Broken(Exception):
 class Remote:
     """A source's GX context served by the validator over one connection: what :class:`reclock.gx_context.Context`
     offers a check step (``run``, ``docs_once``, ``docs_dir``, ``docs_index``).  From the first broken
-    connection on, this process's own context serves."""
+    connection on, this process's own context serves.  Threads of the step take turns (a run at a time)."""
 
     def __init__(self, connection: socket.socket, root: str, source: str):
         self.root, self.source = os.path.abspath(root), source
         self._connection: socket.socket | None = connection
         self._local = None
+        self._turns = threading.RLock()
         self._ask("open", self.root, source)
 
     @property
@@ -168,12 +170,13 @@ class Remote:
         return os.path.join(self.docs_dir, "index.html")
 
     def run(self, kind: str, frame, params: Mapping[str, Any], index: Sequence[str]) -> gx_context.Run:
-        if self._connection is not None:
-            try:
-                return self._ask("run", kind, frame, dict(params), list(index))
-            except _Broken as e:
-                self._fall_back(e)
-        return self._local.run(kind, frame, params, index)
+        with self._turns:
+            if self._connection is not None:
+                try:
+                    return self._ask("run", kind, frame, dict(params), list(index))
+                except _Broken as e:
+                    self._fall_back(e)
+            return self._local.run(kind, frame, params, index)
 
     @contextlib.contextmanager
     def docs_once(self):
@@ -202,6 +205,10 @@ class Remote:
             self._connection = None
 
     def _ask(self, *request):
+        with self._turns:
+            return self._asked(request)
+
+    def _asked(self, request: tuple):
         try:
             _send(self._connection, request)
             answer = _receive(self._connection)
