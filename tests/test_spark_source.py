@@ -435,7 +435,7 @@ def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_top
     assert read_ranges(spark, spec, ranges).rdd.getNumPartitions() == 6  # one per partition, as Spark reads them
 
 
-@pytest.mark.parametrize("config, wait", [({}, "10"), ({"fetch.wait.max.ms": 200}, "200")])
+@pytest.mark.parametrize("config, wait", [({}, "3"), ({"fetch.wait.max.ms": 200}, "200")])
 def test_spark_reads_do_not_wait_at_the_log_end(kafka_broker, config, wait):
     """Spark's reads fetch with a short ``fetch.max.wait.ms`` (a span ends at the log end, where the Java client's
     default 500 ms is paid by every task), unless the source's config sets librdkafka's ``fetch.wait.max.ms``."""
