@@ -9,7 +9,8 @@ The contract:
   build in it, as the step's own process would; a run comes back as :class:`reclock.gx_context.Run`, plain data,
   the same either way.  The Data Docs of a step's ``docs_once`` block are built after the step has its answer
   (off the check's path), under the context's lock taken before it: a reader that waits for the lock
-  (:func:`reclock.gx_context.settled`, as the progress page does) finds a returned check's pages.  The validator itself never opens a context: every connection starts from GX as imported.
+  (:func:`reclock.gx_context.settled`, as the progress page does) finds a returned check's pages.  The validator
+  itself never opens a context: every connection starts from GX as imported.
   What a check decides never depends on where it ran; a run's error comes back as that error, raised in the step.
 * **One per installation.**  Its address is a Unix socket ``<dir>/gx-<key>.sock``: ``dir`` is
   ``$RECLOCK_VALIDATOR_DIR`` or ``<tmp>/reclock-<uid>`` (mode 0700), ``key`` a digest of the Python

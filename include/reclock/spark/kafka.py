@@ -101,10 +101,8 @@ def spark_options(source: KafkaSource, spans: Mapping[int, tuple[int, int]]) -> 
 
     ``kafka.fetch.max.wait.ms`` is :data:`SPARK_FETCH_MAX_WAIT_MS` unless ``config`` sets ``fetch.wait.max.ms``:
     a task's span usually ends at the log end (a tick binds the high watermark), where the Java consumer's
-    fetch waits that long for records that are not coming, once per partition; at Kafka's default (500 ms) that cost
-    every task ~0.5 s (a tick over 64 partitions of 100K records read in 17.5 s, against 2.1 s at 10 ms), and 10 ms
-    still cost a read of 1M records over 64 partitions in 8 tasks 0.2 s (Spark's read alone, writing nothing:
-    medians of 3, 1.59 s at 10 ms, 1.40 s at 3, 1.36 s at 1; over 8 partitions 0.89, 0.93 and 0.86 s; 2026-11-30).
+    fetch waits that long for records that are not coming, once per partition (Kafka's default, 500 ms, cost every
+    task about half a second; 10 ms still cost a read of 1M records over 64 partitions 0.2 s: ``bench/README.md``).
     """
     partitions = sorted(spans)
     return {
