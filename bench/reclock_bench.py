@@ -122,7 +122,7 @@ class PeakRss:
     ``collect``: the names of JVMs among them to collect fully first (``jcmd <pid> GC.run``), so that each block
     starts from a heap the collector has sized down to what is live: a JVM keeps the heap it grew to until a
     collection shrinks it, so without this a block's peak holds what earlier work (a copy of the same records, a
-    compaction) made it commit."""
+    compaction) made it commit (:func:`_collect`)."""
 
     def __init__(self, collect: tuple[str, ...] = (), **pids: int | None) -> None:
         self.pids, self.collect = pids, collect
@@ -131,7 +131,7 @@ class PeakRss:
     def __enter__(self) -> "PeakRss":
         for name in self.collect:
             if (pid := self.pids.get(name)) is not None and shutil.which("jcmd"):
-                subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60)
+                _collect(pid)
         for pid in self.pids.values():
             if pid is not None:
                 try:
@@ -188,12 +188,48 @@ class HeapAfterGc:
         return None
 
 
+def _collect(pid: int) -> None:
+    """Collect JVM ``pid`` fully and shrink its heap to what is live, then wait until the OS has it back.
+
+    After a full collection G1 keeps ``MaxHeapFreeRatio`` of its heap free (70 %: up to 3.3x the live heap, when
+    earlier work grew it that far), so the collection runs with the ratios lowered (manageable flags), restored
+    after.  G1 gives the regions it shrank back to the OS in a concurrent task after the collection (``Concurrent
+    Uncommit`` in ``-Xlog:gc+heap=debug``, about 0.15 s later): :func:`_settled_rss` waits for it, or a mark
+    reset now holds the heap the collection gave up."""
+    jcmd = ["jcmd", str(pid)]
+    flags = subprocess.run([*jcmd, "VM.flags", "-all"], capture_output=True, text=True, timeout=60).stdout
+    ratios = dict(re.findall(r"\b(M(?:in|ax)HeapFreeRatio)\s+=\s+(\d+)", flags))
+    if len(ratios) == 2:  # lowered Min first, restored Max first: Min never exceeds Max
+        for name, value in (("MinHeapFreeRatio", "0"), ("MaxHeapFreeRatio", "10")):
+            subprocess.run([*jcmd, "VM.set_flag", name, value], capture_output=True, timeout=60)
+    subprocess.run([*jcmd, "GC.run"], capture_output=True, timeout=60)
+    for name in ("MaxHeapFreeRatio", "MinHeapFreeRatio") if len(ratios) == 2 else ():
+        subprocess.run([*jcmd, "VM.set_flag", name, ratios[name]], capture_output=True, timeout=60)
+    _settled_rss(pid)
+
+
+def _settled_rss(pid: int, interval_s: float = 0.05, quiet: int = 10, timeout_s: float = 5.0) -> int | None:
+    """Process ``pid``'s RSS once it has not fallen by more than 1 MiB over ``quiet`` reads ``interval_s`` apart
+    (or after ``timeout_s``), in bytes; None where Linux does not let it be read."""
+    deadline, low, calm = time.monotonic() + timeout_s, None, 0
+    while (rss := _status(pid, "VmRSS:")) is not None and time.monotonic() < deadline:
+        calm = calm + 1 if low is not None and rss > low - (1 << 20) else 0
+        low = rss if low is None else min(low, rss)
+        if calm >= quiet:
+            break
+        time.sleep(interval_s)
+    return low
+
+
 def _hwm(pid: int | None) -> int | None:
-    if pid is None:
-        return None
+    return None if pid is None else _status(pid, "VmHWM:")
+
+
+def _status(pid: int, field: str) -> int | None:
+    """Field ``field`` (a size in kB) of ``/proc/<pid>/status``, in bytes."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         return None

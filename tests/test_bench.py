@@ -3,10 +3,12 @@ JVM and of this process."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 
 from bench.profiling import Profile, missed_cases
+from bench.reclock_bench import PeakRss, _status
 
 
 @pytest.mark.parametrize("met, largest, cases", [
@@ -40,3 +42,24 @@ def test_a_profile_samples_the_driver_jvm_and_this_process(spark, tmp_path):
     samples = int(jvm.split(" execution samples", 1)[0].split()[-1])
     assert samples > 0 and "Executor task launch worker" in jvm and "org.apache.spark" in jvm
     assert "heap: " in jvm
+
+
+@pytest.mark.skipif(shutil.which("jcmd") is None, reason="needs the JDK's jcmd")
+def test_a_peak_rss_block_starts_from_a_heap_shrunk_to_what_is_live_and_restores_the_ratios(spark):
+    """The driver grows its heap, then a block collecting it starts below that: the collection shrank the heap
+    (MaxHeapFreeRatio lowered for it) and the OS has the regions back before the mark is reset; after it the
+    JVM's ratios are its own again."""
+    pid = spark.sparkContext._gateway.proc.pid
+    ratios = lambda: sorted(tuple(line.split()[1:4:2]) for line in subprocess.run(  # noqa: E731
+        ["jcmd", str(pid), "VM.flags", "-all"], capture_output=True, text=True).stdout.splitlines()
+        if "HeapFreeRatio" in line)
+    before = ratios()
+    grown = spark.range(0, 3_000_000, numPartitions=2).selectExpr("id", "repeat('x', 64) AS s").collect()
+    assert len(grown) == 3_000_000
+    rss = _status(pid, "VmRSS:")
+    del grown
+    with PeakRss(("driver",), driver=pid) as block:
+        pass
+    after = _status(pid, "VmRSS:")
+    assert block.peak["driver"] < rss / 2 and block.peak["driver"] < after + (64 << 20)
+    assert ratios() == before and ("MaxHeapFreeRatio", "70") in before
