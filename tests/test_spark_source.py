@@ -191,7 +191,7 @@ def test_spark_read_equals_engine_reference(spark, history, monkeypatch):
     assert rows_of(read_ranges(spark, uncommitted, ranges)) == dirty_expected
 
     # Tasks cut inside partitions start and end on aborted records and markers: same rows.
-    monkeypatch.setattr(spark_kafka, "MAX_TASK_OFFSETS", 2)
+    monkeypatch.setattr(spark_kafka, "SPARK_MAX_TASK_OFFSETS", 2)
     monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1)  # as Spark cuts them
     split = read_ranges(spark, spec, ranges)
     assert split.rdd.getNumPartitions() == 6 + 3 + 2  # ceil(span / 2) tasks per partition: 11, 5, 4 offsets
