@@ -119,19 +119,20 @@ class PeakRss:
     """Peak resident set size of processes over a block: their high-water mark (``VmHWM``) is reset on entry
     (``/proc/<pid>/clear_refs``, 5) and read on exit, in bytes; None where Linux does not let it be read.
 
-    ``collect``: the names of JVMs among them to collect fully first (``jcmd <pid> GC.run``), so that each block
-    starts from a heap the collector has sized down to what is live: a JVM keeps the heap it grew to until a
-    collection shrinks it, so without this a block's peak holds what earlier work (a copy of the same records, a
-    compaction) made it commit (:func:`_collect`)."""
+    ``collect``: the names of JVMs among them to collect fully first (``jcmd <pid> GC.run``, :func:`_collect`): a
+    JVM keeps the heap it grew to until a collection shrinks it, so without this a block's peak holds what earlier
+    work (a copy of the same records, a compaction) made it commit.  ``shrink``: the collection shrinks the heap to
+    what is live, so the peak is what the block itself made the JVM commit (a block's times are then not a warm
+    JVM's: the heap grows back during it)."""
 
-    def __init__(self, collect: tuple[str, ...] = (), **pids: int | None) -> None:
-        self.pids, self.collect = pids, collect
+    def __init__(self, collect: tuple[str, ...] = (), shrink: bool = False, **pids: int | None) -> None:
+        self.pids, self.collect, self.shrink = pids, collect, shrink
         self.peak: dict[str, int | None] = {}
 
     def __enter__(self) -> "PeakRss":
         for name in self.collect:
             if (pid := self.pids.get(name)) is not None and shutil.which("jcmd"):
-                _collect(pid)
+                _collect(pid, self.shrink)
         for pid in self.pids.values():
             if pid is not None:
                 try:
@@ -188,17 +189,19 @@ class HeapAfterGc:
         return None
 
 
-def _collect(pid: int) -> None:
-    """Collect JVM ``pid`` fully and shrink its heap to what is live, then wait until the OS has it back.
+def _collect(pid: int, shrink: bool = False) -> None:
+    """Collect JVM ``pid`` fully, then wait until the OS has back what the collection gave up.
 
     After a full collection G1 keeps ``MaxHeapFreeRatio`` of its heap free (70 %: up to 3.3x the live heap, when
-    earlier work grew it that far), so the collection runs with the ratios lowered (manageable flags), restored
-    after.  G1 gives the regions it shrank back to the OS in a concurrent task after the collection (``Concurrent
-    Uncommit`` in ``-Xlog:gc+heap=debug``, about 0.15 s later): :func:`_settled_rss` waits for it, or a mark
-    reset now holds the heap the collection gave up."""
+    earlier work grew it that far); ``shrink``: the collection runs with the ratios lowered (manageable flags),
+    restored after, so the heap is shrunk to what is live.  G1 gives the regions it shrank back to the OS in a
+    concurrent task after the collection (``Concurrent Uncommit`` in ``-Xlog:gc+heap=debug``, about 0.15 s
+    later): :func:`_settled_rss` waits for it, or a mark reset now holds the heap the collection gave up."""
     jcmd = ["jcmd", str(pid)]
-    flags = subprocess.run([*jcmd, "VM.flags", "-all"], capture_output=True, text=True, timeout=60).stdout
-    ratios = dict(re.findall(r"\b(M(?:in|ax)HeapFreeRatio)\s+=\s+(\d+)", flags))
+    ratios = {}
+    if shrink:
+        flags = subprocess.run([*jcmd, "VM.flags", "-all"], capture_output=True, text=True, timeout=60).stdout
+        ratios = dict(re.findall(r"\b(M(?:in|ax)HeapFreeRatio)\s+=\s+(\d+)", flags))
     if len(ratios) == 2:  # lowered Min first, restored Max first: Min never exceeds Max
         for name, value in (("MinHeapFreeRatio", "0"), ("MaxHeapFreeRatio", "10")):
             subprocess.run([*jcmd, "VM.set_flag", name, value], capture_output=True, timeout=60)
@@ -377,9 +380,11 @@ class Bench:
         self.produced: dict[str, int] = {}
         self.pids = {"driver": driver, "python": os.getpid()}
 
-    def add_source(self, name: str, partitions: int) -> str:
-        topic = f"bench-{name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
-        create_topic(self.bootstrap, topic, partitions=partitions)
+    def add_source(self, name: str, partitions: int, topic: str | None = None) -> str:
+        """A Kafka source ``name`` of a new topic, or of ``topic`` (another source's: both bind what it holds)."""
+        if topic is None:
+            topic = f"bench-{name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+            create_topic(self.bootstrap, topic, partitions=partitions)
         self.sources[name] = (topic, partitions)
         self.produced[name] = 0
         self.write_config()
@@ -400,11 +405,17 @@ class Bench:
         produce(self.spark, self.bootstrap, topic, self.produced[name], count, partitions, self.args.value_bytes)
         self.produced[name] += count
 
-    def run(self, name: str) -> dict:
+    def collect(self) -> None:
+        """Start a timed baseline as reclock's timed runs start (:meth:`run`): from a driver collected fully."""
+        if (pid := self.pids["driver"]) is not None and shutil.which("jcmd"):
+            _collect(pid)
+
+    def run(self, name: str, shrink: bool = False) -> dict:
         """One full run of ``name``: every step in order, as ``pipeline.run_once`` does them, each timed; with the
-        peak RSS of the driver and of this process over the run."""
+        peak RSS of the driver (collected first; ``shrink``: its heap shrunk to what is live, :class:`PeakRss`) and
+        of this process over the run."""
         config, steps, out = str(self.config), {}, {}
-        with PeakRss(("driver",), **self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
+        with PeakRss(("driver",), shrink, **self.pids) as rss, HeapAfterGc(self.gc_log) as heap:
             for step in pipeline.STEPS:
                 done, steps[step] = timed(lambda: pipeline.run_once(name, config, self.spark, steps=(step,)))
                 out[step] = done[step]
@@ -426,15 +437,20 @@ class Bench:
         """reclock's full run of ``records`` new records, between two of Spark's copies of the same offsets (one
         before, one after: the JVM is still warming up from one size to the next, and the mean of the two
         copies is what a copy takes at the time of the run), all three after an untimed read of them
-        (:func:`read_through`)."""
+        (:func:`read_through`), each from a driver collected fully.  The memory figures are of two more blocks,
+        untimed: a run of another source of the topic binding the same offsets, and one more of Spark's copies,
+        each from a driver whose heap is shrunk to what is live (:class:`PeakRss`)."""
         a = self.args
         name = self.add_source(f"n{records}", a.partitions)
         topic = self.sources[name][0]
-        pipeline.run_once(name, str(self.config), self.spark)  # creates the tables; binds nothing
+        memory = self.add_source(f"n{records}_memory", a.partitions, topic)
+        for source in (name, memory):
+            pipeline.run_once(source, str(self.config), self.spark)  # creates the tables; binds nothing
         before = topic_upper(self.bootstrap, topic)
         self.produce(name, records)
         bounds = {p: (before.get(p, 0), end) for p, end in topic_upper(self.bootstrap, topic).items()}
         read_through(self.spark, self.bootstrap, topic, bounds)
+        self.collect()
         copies = [spark_copy(self.spark, self.bootstrap, topic, bounds, self.workdir / f"copy-{name}-before")]
         reclock = self.run(name)
         if reclock["staged_rows"] != records:
@@ -442,15 +458,23 @@ class Bench:
         if (bound := bound_offsets(name, str(self.config), reclock["into_time"])) != bounds:
             raise RuntimeError(f"{name}: the tick bound {bound}, the copies read {bounds}")
         copy = self.workdir / f"copy-{name}"
-        with PeakRss(("driver",), **self.pids) as copy_rss, HeapAfterGc(self.gc_log) as copy_heap:
-            copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
+        self.collect()
+        copies.append(spark_copy(self.spark, self.bootstrap, topic, bounds, copy))
         copy_s = sum(copies) / len(copies)
+        # Memory, untimed: a second source of the topic binds the same offsets and runs from a driver whose heap is
+        # shrunk to what is live, then Spark's copy does the same; each block's peak is then its own.
+        held = self.run(memory, shrink=True)
+        if held["staged_rows"] != records:
+            raise RuntimeError(f"{memory}: staged {held['staged_rows']} rows, produced {records}")
+        with PeakRss(("driver",), True, **self.pids) as copy_rss, HeapAfterGc(self.gc_log) as copy_heap:
+            spark_copy(self.spark, self.bootstrap, topic, bounds, self.workdir / f"copy-{memory}")
         query = self.query(name, copy, records)
         compaction = self.compaction(name, copy) if a.compaction else {}
         return {"records": records, "partitions": a.partitions, "reclock_s": reclock["seconds"], "copy_s": copy_s,
                 "copies_s": copies, "ratio": reclock["seconds"] / copy_s, "steps_s": reclock["steps_s"],
-                "peak_rss": reclock["peak_rss"], "driver_heap_after_gc": reclock["driver_heap_after_gc"],
-                "driver_heap_retained": reclock["driver_heap_retained"], "copy_peak_rss": copy_rss.peak,
+                "peak_rss": held["peak_rss"], "driver_heap_after_gc": held["driver_heap_after_gc"],
+                "driver_heap_retained": held["driver_heap_retained"], "timed_peak_rss": reclock["peak_rss"],
+                "copy_peak_rss": copy_rss.peak,
                 "copy_driver_heap_after_gc": copy_heap.peak, "source": name, **query, **compaction}
 
     def query(self, name: str, copy: Path, records: int) -> dict:
@@ -494,6 +518,7 @@ class Bench:
             result, compact_s = timed(pipeline.compact, name, config, last + retention, self.spark)
         if not result["compacted"] or result["since"] != last:
             raise RuntimeError(f"{name}: compaction to {last} did not run: {result}")
+        self.collect()
         start = time.perf_counter()
         self.spark.read.format("delta").load(copy.as_uri()).write.format("delta").mode("overwrite").save(copy.as_uri())
         rewrite_s = time.perf_counter() - start
@@ -554,6 +579,7 @@ class Bench:
             read_through(self.spark, self.bootstrap, topic, bounds)  # as the sizes: no timed reader is the first
             times[count] = self.run(name)
             # the baseline: Spark's own copy of the same offsets, after reclock
+            self.collect()
             copies[count] = spark_copy(self.spark, self.bootstrap, topic, bounds, self.workdir / f"copy-{name}")
         ratio = times[a.wide_partitions]["seconds"] / times[a.partitions]["seconds"]
         copy_ratio = copies[a.wide_partitions] / copies[a.partitions]

@@ -58,7 +58,7 @@ def test_a_peak_rss_block_starts_from_a_heap_shrunk_to_what_is_live_and_restores
     assert len(grown) == 3_000_000
     rss = _status(pid, "VmRSS:")
     del grown
-    with PeakRss(("driver",), driver=pid) as block:
+    with PeakRss(("driver",), shrink=True, driver=pid) as block:
         pass
     after = _status(pid, "VmRSS:")
     assert block.peak["driver"] < rss / 2 and block.peak["driver"] < after + (64 << 20)
