@@ -14,7 +14,8 @@ from reclock.sources import build_source
 from reclock.sources.base import SourceError
 from reclock.spark import kafka as spark_kafka
 from reclock.spark.kafka import (
-    one_into_time, partition_spans, read_tasks, spark_client_options, spark_options, spark_range_rows, spark_read,
+    one_into_time, partition_spans, read_tasks, reader_group, spark_client_options, spark_options, spark_range_rows,
+    spark_read,
 )
 from reclock.spark.source import read_ranges, read_ranges_python, segments, worker_source_error
 from test_engine import remaps
@@ -433,6 +434,47 @@ def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_top
         (p, i, 1000 if i < 2 else 2000, f"p{p}-{i}") for p in range(6) for i in range(5)]
     monkeypatch.setattr(spark_kafka, "MIN_TASK_OFFSETS", 1)
     assert read_ranges(spark, spec, ranges).rdd.getNumPartitions() == 6  # one per partition, as Spark reads them
+
+
+def _consumers(spark, group: str) -> set[str]:
+    """The client ids of the Kafka consumers of ``group`` alive in the local session's JVM (their JMX beans)."""
+    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    pattern = jvm.javax.management.ObjectName("kafka.consumer:type=consumer-metrics,*")
+    types = gateway.new_array(jvm.java.lang.Class, 2)  # the platform server's class is not exported: its interface
+    types[0], types[1] = (jvm.java.lang.Class.forName(f"javax.management.{c}") for c in ("ObjectName", "QueryExp"))
+    args = gateway.new_array(jvm.java.lang.Object, 2)
+    args[0] = pattern
+    beans = jvm.java.lang.Class.forName("javax.management.MBeanServer").getMethod("queryNames", types).invoke(
+        jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer(), args)
+    return {b.getKeyProperty("client-id") for b in beans if f"-{group}-" in b.getKeyProperty("client-id")}
+
+
+def test_a_read_takes_the_consumers_the_read_before_left(spark, kafka_spec):
+    """Spark's reads of a source share a consumer group (:func:`reader_group`): a second read of the same
+    partitions takes the consumers the first left in Spark's pool instead of making new ones, and the group is
+    never joined or committed to (the broker does not know it)."""
+    from confluent_kafka.admin import AdminClient
+
+    with build_source(kafka_spec) as source:
+        group = spark_options(source, {0: (0, 8)})["kafka.group.id"]
+    ranges = [(1000, 0, 0, 8), (1000, 1, 0, 3)]
+    assert len(read_ranges(spark, kafka_spec, ranges).collect()) == 9
+    first = _consumers(spark, group)
+    assert len(read_ranges(spark, kafka_spec, ranges).collect()) == 9
+    assert first and _consumers(spark, group) == first
+    admin = AdminClient({"bootstrap.servers": kafka_spec["bootstrap_servers"]})
+    assert group not in {g.group_id for g in admin.list_consumer_groups().result(timeout=30).valid}
+
+
+def test_reader_group_is_a_digest_of_every_option_and_none_with_credentials():
+    base = {"kafka.bootstrap.servers": "b:9092", "kafka.isolation.level": "read_committed",
+            "kafka.fetch.max.wait.ms": "3"}
+    group = reader_group(base)["kafka.group.id"]
+    assert group.startswith("reclock-read-") and reader_group(dict(reversed(base.items()))) == {"kafka.group.id": group}
+    for key, value in [("kafka.isolation.level", "read_uncommitted"), ("kafka.client.id", "x"),
+                       ("kafka.fetch.max.wait.ms", "4"), ("kafka.bootstrap.servers", "c:9092")]:
+        assert reader_group({**base, key: value})["kafka.group.id"] != group
+    assert reader_group({**base, "kafka.sasl.jaas.config": 'PlainLoginModule required password="pw";'}) == {}
 
 
 @pytest.mark.parametrize("config, wait", [({}, "3"), ({"fetch.wait.max.ms": 200}, "200")])

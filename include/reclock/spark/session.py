@@ -84,12 +84,17 @@ def _settings() -> dict[str, str]:
         # Delta VACUUM lists files in this many tasks (Spark's default, 10000, costs minutes on small tables).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "4",
         "spark.driver.memory": os.environ.get("RECLOCK_SPARK_DRIVER_MEMORY", "2g"),
+        # Kafka consumers pooled for the next read (reclock.spark.kafka.reader_group): one per source's partition
+        # and concurrent read.  At Spark's default, 64, a source of 64 partitions kept the pool full, and every
+        # consumer taken then closed idle ones first, the sources' own.
+        "spark.kafka.consumer.cache.capacity": "1024",
     }
 
 
 #: What only a JVM's start can set: a remote session leaves them to its server (:func:`connect_server_command`).
 STATIC_CONF = ("spark.jars", "spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.ui.", "spark.driver.",
-               "spark.executor.", "spark.pyspark.", "spark.hadoop.", "spark.connect.", "spark.master", "spark.app.")
+               "spark.executor.", "spark.pyspark.", "spark.hadoop.", "spark.connect.", "spark.master", "spark.app.",
+               "spark.kafka.")
 
 
 def runtime_conf(conf: dict[str, str]) -> dict[str, str]:
