@@ -15,6 +15,7 @@ from conftest import (WarmCommands, as_of_views, assert_reclocked_is_replay, edi
 
 from reclock import pipeline, runtime
 from reclock.storage import commits
+from reclock.storage.layout import WarehouseError
 from devtools.kafka_broker import add_partitions, create_topic, produce
 from reclock.engine import Frontier, RemapError
 from reclock.query import QueryError, readable
@@ -78,6 +79,35 @@ def test_a_tick_between_stage_and_publish_does_not_send_the_batch_back(kafka_bro
     pipeline.run_once("orders", config, spark, steps=("stage", "check", "publish"))
     assert_reclocked_is_replay("orders", config, spark)
     assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2", "o3"]
+
+
+def test_a_check_reads_the_attempt_it_found_first(kafka_broker, spark, topics, tmp_path, monkeypatch):
+    """A check decides on one staged attempt and reads that one (``StagingTables.pinned``).  Racing runs: one
+    stages the window up to 2000 from before another run's publish of ..1000, its attempt completing only while
+    the check of the window that is left (1001..2000) runs.  The check, which found no complete attempt, must not
+    read that one (its records up to 1000 are published: the in_window check fails on them); it says none is
+    staged, and the next run stages, checks and publishes the rest."""
+    from reclock import check_step
+    names, config = topics
+    produce(kafka_broker, names["orders"], [("u1", "o1", 0), ("u2", "o2", 1)])
+    pipeline.run_once("orders", config, spark, now=1_000, steps=("tick", "stage", "check"))
+    produce(kafka_broker, names["orders"], [("u3", "o3", 0)])
+    pipeline.run_once("orders", config, spark, now=2_000, steps=("tick", "stage"))  # from before the publish
+    (success,) = (tmp_path / "warehouse").rglob("upto=2000/*/_SUCCESS")
+    success.rename(success.with_name("_writing"))  # still being written
+    assert pipeline.publish("orders", config, spark) == {"published": True, "reclocked_upper": 1_001}
+    idle_check = check_step.idle_check
+
+    def completes_meanwhile(*args, **kwargs):
+        success.with_name("_writing").rename(success)
+        return idle_check(*args, **kwargs)
+    monkeypatch.setattr(check_step, "idle_check", completes_meanwhile)
+    with pytest.raises(WarehouseError, match="no complete staged attempt"):
+        pipeline.check("orders", config, spark)
+    monkeypatch.undo()
+    pipeline.run_once("orders", config, spark, steps=("stage", "check", "publish"))
+    assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2", "o3"]
+    assert_reclocked_is_replay("orders", config, spark)
 
 
 def test_as_of_join_across_sources_and_refusals(kafka_broker, spark, topics):

@@ -355,7 +355,7 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
     from .validator import open_context  # GX takes seconds to import: the validator has it imported
 
     runtime = Runtime.of(runtime, spark)
-    with runtime.source(name, connect=False) as ctx:
+    with runtime.source(name, connect=False) as ctx, ctx.tables.pinned():  # one attempt read throughout
         remap = ctx.tables.read_remap()
         remap_rows, upstreams = ctx.tables.remap_frame(), ctx.tables.recorded_upstreams()
         window = staged_window(remap, ctx.tables)
@@ -396,7 +396,7 @@ def publish(name: str, runtime: Where = None, spark=None) -> dict:
     a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.  The
     window is the pending one, or the prefix of it that the last check checked (:func:`staged_window`).
     """
-    with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx:
+    with Runtime.of(runtime, spark).source(name, connect=False, create=True) as ctx, ctx.tables.pinned():
         done = _publish(name, ctx)
         try:
             typed = type_published(name, ctx)

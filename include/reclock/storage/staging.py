@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
+from typing import Iterator
 
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
@@ -37,6 +39,24 @@ BATCH_ROWS = 1 << 20
 
 class StagingTables(Tables):
     """The staged batches of a source's tables, and their publish."""
+
+    #: While :meth:`pinned`: per ``upto``, what :meth:`_attempts` found first (or the error it raised).
+    _pinned: dict[int, tuple[list[str], str] | WarehouseError] | None = None
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within it, every read of a window's staged batch is of the attempt the first one found (or finds none,
+        as the first found none): a step decides on one attempt and reads that one.
+
+        Racing runs of one source stage a window's attempts while a check reads them, and which attempt is the
+        latest complete one changes meanwhile: a check that found none complete (or a fresh one), then read one
+        another run had staged from before a publish, checked records already published against the window that
+        is left, and failed (seen in ``make soak --part runs``, 2026-11-30)."""
+        outer, self._pinned = self._pinned, {} if self._pinned is None else self._pinned
+        try:
+            yield
+        finally:
+            self._pinned = outer
 
     def staging_dir(self, upto: int) -> str:
         """A fresh attempt directory (Spark URI) for the staged rows of the bindings up to IntoTime ``upto``.
@@ -180,7 +200,23 @@ class StagingTables(Tables):
         return sorted(uptos)
 
     def _attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
-        """Every staged attempt directory for ``upto``, and the latest complete one."""
+        """Every staged attempt directory for ``upto``, and the latest complete one (while :meth:`pinned`, those
+        its first call found)."""
+        if self._pinned is not None and upto in self._pinned:
+            if isinstance(found := self._pinned[upto], WarehouseError):
+                raise found
+            return found
+        try:
+            found = self._latest_attempts(fs, upto)
+        except WarehouseError as e:
+            found = e
+        if self._pinned is not None:
+            self._pinned[upto] = found
+        if isinstance(found, WarehouseError):
+            raise found
+        return found
+
+    def _latest_attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
         attempts = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(upto_dir(upto), allow_not_found=True))
                           if i.type == pafs.FileType.Directory)
         complete = [a for a in attempts if fs.get_file_info(f"{a}/{SUCCESS}").type == pafs.FileType.File]
