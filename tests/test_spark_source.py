@@ -436,17 +436,21 @@ def test_small_partitions_are_read_in_fewer_tasks(spark, kafka_broker, kafka_top
     assert read_ranges(spark, spec, ranges).rdd.getNumPartitions() == 6  # one per partition, as Spark reads them
 
 
-def _consumers(spark, group: str) -> set[str]:
-    """The client ids of the Kafka consumers of ``group`` alive in the local session's JVM (their JMX beans)."""
+def _consumers(spark, group: str, topic: str) -> set[tuple[str, str]]:
+    """``(client id, partition)`` of the Kafka consumers of ``group`` alive in the local session's JVM that fetch a
+    partition of ``topic`` (their per-partition JMX beans; other tests' reads with the same options share the
+    group, each of other partitions, and Spark's pool closes those idle for 5 minutes)."""
     gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
-    pattern = jvm.javax.management.ObjectName("kafka.consumer:type=consumer-metrics,*")
+    pattern = jvm.javax.management.ObjectName("kafka.consumer:type=consumer-fetch-manager-metrics,*")
     types = gateway.new_array(jvm.java.lang.Class, 2)  # the platform server's class is not exported: its interface
     types[0], types[1] = (jvm.java.lang.Class.forName(f"javax.management.{c}") for c in ("ObjectName", "QueryExp"))
     args = gateway.new_array(jvm.java.lang.Object, 2)
     args[0] = pattern
     beans = jvm.java.lang.Class.forName("javax.management.MBeanServer").getMethod("queryNames", types).invoke(
         jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer(), args)
-    return {b.getKeyProperty("client-id") for b in beans if f"-{group}-" in b.getKeyProperty("client-id")}
+    return {(b.getKeyProperty("client-id"), b.getKeyProperty("partition")) for b in beans
+            if f"-{group}-" in b.getKeyProperty("client-id") and b.getKeyProperty("topic") == topic
+            and b.getKeyProperty("partition") is not None}
 
 
 def test_a_read_takes_the_consumers_the_read_before_left(spark, kafka_spec):
@@ -459,9 +463,9 @@ def test_a_read_takes_the_consumers_the_read_before_left(spark, kafka_spec):
         group = spark_options(source, {0: (0, 8)})["kafka.group.id"]
     ranges = [(1000, 0, 0, 8), (1000, 1, 0, 3)]
     assert len(read_ranges(spark, kafka_spec, ranges).collect()) == 9
-    first = _consumers(spark, group)
+    first = _consumers(spark, group, kafka_spec["topic"])
     assert len(read_ranges(spark, kafka_spec, ranges).collect()) == 9
-    assert first and _consumers(spark, group) == first
+    assert {p for _, p in first} == {"0", "1"} and _consumers(spark, group, kafka_spec["topic"]) == first
     admin = AdminClient({"bootstrap.servers": kafka_spec["bootstrap_servers"]})
     assert group not in {g.group_id for g in admin.list_consumer_groups().result(timeout=30).valid}
 
