@@ -312,14 +312,24 @@ def _lines(path: str) -> list[str]:
 
 
 def produce(spark, bootstrap: str, topic: str, start: int, count: int, partitions: int, value_bytes: int) -> None:
-    """Records ``start .. start+count-1`` by Spark's Kafka sink, record i to partition ``i % partitions``."""
+    """Records ``start .. start+count-1`` by Spark's Kafka sink, record i to partition ``i % partitions``.
+
+    Its producers batch up to :data:`BATCH_BYTES` per partition within 20 ms, with buffer room for two batches of
+    every partition: a producer whose buffer (Kafka's default, 32 MiB) runs out sends every batch at once, a record
+    each, and reads of such a topic measure the consumer's cost per batch rather than per partition
+    (``bench/README.md``, "Batches of the 64-partition topic")."""
     pad = max(0, value_bytes - 11)
     (spark.range(start, start + count)
      .selectExpr("CAST(id % 1000 AS STRING) AS key",
                  f"concat('v', lpad(CAST(id AS STRING), 10, '0'), repeat('x', {pad})) AS value",
                  f"CAST(id % {partitions} AS INT) AS partition")
      .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
-     .option("kafka.linger.ms", "20").option("kafka.batch.size", str(1 << 20)).save())
+     .option("kafka.linger.ms", "20").option("kafka.batch.size", str(BATCH_BYTES))
+     .option("kafka.buffer.memory", str(max(32 << 20, 2 * partitions * BATCH_BYTES))).save())
+
+
+#: The most bytes :func:`produce` batches for one partition.
+BATCH_BYTES = 1 << 20
 
 
 def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]):

@@ -332,21 +332,42 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)], operation_timeout=timeout,
         request_timeout=timeout)
     _wait(futures, "create topic", timeout)
-    _wait_for_leaders(admin, topic, partitions, timeout)
+    _wait_for_leaders(admin, bootstrap, topic, partitions, timeout)
 
 
-def _wait_for_leaders(admin, topic: str, partitions: int, timeout: float) -> None:
-    """Until the metadata shows a leader for each of ``topic``'s first ``partitions`` partitions (a created
-    topic's partitions answer NOT_LEADER_FOR_PARTITION until then)."""
+def _wait_for_leaders(admin, bootstrap: str, topic: str, partitions: int, timeout: float) -> None:
+    """Until each of ``topic``'s first ``partitions`` partitions has a leader in the metadata and that broker
+    answers as its leader (a created topic's partitions answer NOT_LEADER_OR_FOLLOWER until then).
+
+    The metadata names a leader before the broker has taken the partition up: a ListOffsets (a watermark request)
+    is what must succeed.  An idempotent producer writing in between had its batches refused, then resent them
+    out of sequence until its delivery timeout (seen with 64 partitions in the bench: OUT_OF_ORDER_SEQUENCE_NUMBER
+    for 120 s, then "Expiring 1 record(s)")."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
     deadline = time.monotonic() + timeout
     while True:
         described = admin.list_topics(topic, timeout=timeout).topics.get(topic)
         leaders = {p: m.leader for p, m in (described.partitions if described and not described.error else {}).items()}
         if all(leaders.get(p, -1) >= 0 for p in range(partitions)):
-            return
+            break
         if time.monotonic() > deadline:
             raise BrokerError(f"topic {topic}: partitions without a leader after {timeout:.0f}s: {leaders}")
         time.sleep(0.1)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reclock-devtools", "logger": _quiet_logger()})
+    try:
+        for partition in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+                    break
+                except KafkaException as e:
+                    if time.monotonic() > deadline:
+                        raise BrokerError(f"topic {topic} partition {partition}: its leader does not answer after "
+                                          f"{timeout:.0f}s: {e}") from e
+                    time.sleep(0.05)
+    finally:
+        consumer.close()
 
 
 def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 10.0) -> None:
@@ -357,7 +378,7 @@ def add_partitions(bootstrap: str, topic: str, total: int, timeout: float = 10.0
     futures = admin.create_partitions([NewPartitions(topic, total)], operation_timeout=timeout,
                                       request_timeout=timeout)
     _wait(futures, "create partitions of", timeout)
-    _wait_for_leaders(admin, topic, total, timeout)
+    _wait_for_leaders(admin, bootstrap, topic, total, timeout)
 
 
 def recreate_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float = 30.0) -> None:

@@ -39,7 +39,7 @@ def _server(name: str):
     if name == "kafka":
         from devtools.kafka_broker import LocalBroker
 
-        return LocalBroker(), lambda b: {"bootstrap": b.bootstrap}
+        return LocalBroker(), lambda b: {"bootstrap": b.bootstrap, "log_dir": str(b.data_dir / "logs")}
     if name == "spark_connect":
         from devtools.spark_connect import LocalSparkConnect
 

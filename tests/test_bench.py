@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from bench.profiling import Profile, missed_cases
-from bench.reclock_bench import PeakRss, _settled_rss
+from bench.reclock_bench import PeakRss, _settled_rss, produce
+from conftest import shared_server
 
 
 @pytest.mark.parametrize("met, largest, cases", [
@@ -74,3 +77,27 @@ def test_a_peak_rss_block_starts_from_a_heap_shrunk_to_what_is_live_and_restores
     # the mark was reset once the OS had the regions back: the block's peak is what the settled driver holds
     assert block.peak["driver"] < after + (64 << 20)
     assert ratios() == before and ("MaxHeapFreeRatio", "70") in before
+
+
+def _batch_sizes(partition_dir: Path) -> list[int]:
+    """The record count of each record batch in a partition's log segments (Kafka's batch format v2: base offset
+    int64, then the length of the rest int32; the count is the int32 at byte 57)."""
+    sizes = []
+    for segment in sorted(partition_dir.glob("*.log")):
+        data, at = segment.read_bytes(), 0
+        while at + 61 <= len(data):
+            (length,) = struct.unpack_from(">i", data, at + 8)
+            sizes.append(struct.unpack_from(">i", data, at + 57)[0])
+            at += 12 + length
+    return sizes
+
+
+def test_the_bench_writes_a_wide_topic_in_batches_of_many_records(spark, pytestconfig, kafka_topic):
+    """Over 64 partitions the producer's buffer (Kafka's default, 32 MiB) held too few batches of 1 MiB, and the
+    producer sent a batch per record: the partitions section then compared reads of 15,000 batches per partition
+    with reads of 28."""
+    broker = shared_server(pytestconfig, "kafka")
+    topic = kafka_topic(partitions=64)
+    produce(spark, broker["bootstrap"], topic, 0, 64_000, 64, 100)
+    sizes = _batch_sizes(Path(broker["log_dir"]) / f"{topic}-0")
+    assert sum(sizes) == 1_000 and len(sizes) <= 100, (len(sizes), sizes[:20])
