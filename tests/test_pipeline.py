@@ -1,7 +1,9 @@
 """The Kafka pipeline end to end against a real broker, real Spark and real Delta tables."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import signal
@@ -105,6 +107,36 @@ def test_a_check_reads_the_attempt_it_found_first(kafka_broker, spark, topics, t
     with pytest.raises(WarehouseError, match="no complete staged attempt"):
         pipeline.check("orders", config, spark)
     monkeypatch.undo()
+    pipeline.run_once("orders", config, spark, steps=("stage", "check", "publish"))
+    assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2", "o3"]
+    assert_reclocked_is_replay("orders", config, spark)
+
+
+def test_a_publish_publishes_the_attempt_its_check_read(kafka_broker, spark, topics, tmp_path):
+    """The check records the staged attempt it read (``last_check.json``: ``attempt``), and the publish publishes
+    that one: not an attempt of the window staged after the check (here one holding every row twice; a racing
+    stage's is equal by construction, but it was not checked), and nothing when the checked one is gone."""
+    names, config = topics
+    last_check = lambda: json.loads(next((tmp_path / "warehouse").rglob("last_check.json")).read_text())  # noqa: E731
+    produce(kafka_broker, names["orders"], [("u1", "o1", 0), ("u2", "o2", 1)])
+    pipeline.run_once("orders", config, spark, now=1_000, steps=("tick", "stage", "check"))
+    (checked,) = (tmp_path / "warehouse").rglob("upto=1000/*/_SUCCESS")
+    assert last_check()["attempt"] == checked.parent.name
+    later = checked.parent.with_name("9999999999999-later")  # sorts after it: the latest complete attempt
+    shutil.copytree(checked.parent, later)
+    for data in list(later.glob("*.parquet")):
+        shutil.copy(data, data.with_name(f"copy-{data.name}"))
+    assert pipeline.publish("orders", config, spark) == {"published": True, "reclocked_upper": 1_001}
+    assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2"]
+    assert not [f for f in later.rglob("*") if f.is_file()]  # removed (the object store leaves the folders)
+
+    produce(kafka_broker, names["orders"], [("u3", "o3", 0)])
+    pipeline.run_once("orders", config, spark, now=2_000, steps=("tick", "stage", "check"))
+    (checked,) = (tmp_path / "warehouse").rglob("upto=2000/*/_SUCCESS")
+    shutil.rmtree(checked.parent)  # removed by hand, say
+    with pytest.raises(WarehouseError, match=f"attempt .*{checked.parent.name} that passed its checks is no longer"):
+        pipeline.publish("orders", config, spark)
+    assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2"]
     pipeline.run_once("orders", config, spark, steps=("stage", "check", "publish"))
     assert sorted(r[0] for r in reclocked_rows("orders", config)) == ["o1", "o2", "o3"]
     assert_reclocked_is_replay("orders", config, spark)

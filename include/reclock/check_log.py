@@ -12,6 +12,7 @@ in the source's Great Expectations stores, and ``data_docs`` is the folder of it
     {"version": 1, "source": "orders", "checked_at": <ms>, "success": false,
      "window": [start, upto] | null, "remap_upper": <ms>, "data_docs": "<folder>" | null,
      "remap_digest": "<sha256>" | null,     (the remap rows the remap check passed on: reclock.checks.remap_digest)
+     "attempt": "<name>" | null,            (the window's staged attempt the checks read: the one publish publishes)
      "reports": {"remap": {"subject", "rows", "success", "failed", "summary", "docs": ["validations/...html"],
                            "results": [{"name", "success", "description", ...}]},
                  "reclocked": {...}}}
@@ -43,9 +44,10 @@ log = logging.getLogger("reclock")
 
 def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, int] | None = None,
           remap_upper: int | None = None, checked_at: int | None = None, docs: str | None = None,
-          remap_digest: str | None = None) -> dict[str, Any]:
+          remap_digest: str | None = None, attempt: str | None = None) -> dict[str, Any]:
     """The JSON-able record of one check run (``docs``: the folder of the source's Data Docs site;
-    ``remap_digest``: that of the remap the run's remap check passed on, else None)."""
+    ``remap_digest``: that of the remap the run's remap check passed on, else None; ``attempt``: the name of the
+    window's staged attempt the checks read, :meth:`reclock.storage.staging.StagingTables.attempt_name`)."""
     return {
         "version": VERSION,
         "source": source,
@@ -55,6 +57,7 @@ def entry(source: str, reports: Mapping[str, "CheckReport"], window: tuple[int, 
         "remap_upper": remap_upper,
         "data_docs": docs,
         "remap_digest": remap_digest if reports.get("remap") is not None and reports["remap"].success else None,
+        "attempt": attempt,
         "reports": {kind: {**report.as_dict(), "summary": report.summary(), "docs": list(report.docs),
                            "results": [asdict(r) for r in report.results]}
                     for kind, report in reports.items()},
@@ -73,12 +76,13 @@ def read(uri: str, storage_options: Mapping[str, str] | None = None) -> dict[str
 
 def record(tables: Located, name: str, reports: Mapping[str, "CheckReport"],
            window: tuple[int, int] | None = None, remap_upper: int | None = None,
-           docs: str | None = None, remap_digest: str | None = None) -> dict[str, Any] | None:
+           docs: str | None = None, remap_digest: str | None = None,
+           attempt: str | None = None) -> dict[str, Any] | None:
     """Record a check run of source ``name`` next to its tables; None (and a warning) when it cannot be stored.
 
     A storage error here must not hide the check's own outcome, so it is logged, not raised.
     """
-    result = entry(name, reports, window, remap_upper, docs=docs, remap_digest=remap_digest)
+    result = entry(name, reports, window, remap_upper, docs=docs, remap_digest=remap_digest, attempt=attempt)
     try:
         write(tables.uri, result, tables.storage_options)
     except (OSError, ValueError) as e:

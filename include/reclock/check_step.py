@@ -45,7 +45,8 @@ def idle_check(name: str, ctx: SourceContext, remap: Remap, window: tuple[int, i
         results["reclocked"] = CheckReport(f"reclocked batch of IntoTimes {window[0]}..{window[1]}: no records and no "
                                            "dead letters, nothing to validate", 0, ())
     upper = remap.upper if window is None else remap.until(window[1] + 1).upper  # as the full check records it
-    check_log.record(ctx.tables, name, results, window, upper, docs=last.get("data_docs"), remap_digest=digest)
+    check_log.record(ctx.tables, name, results, window, upper, docs=last.get("data_docs"), remap_digest=digest,
+                     attempt=window and ctx.tables.attempt_name(window[1]))
     log.info("%s: checks passed without validating: remap unchanged since the check at %d, %s", name,
              last["checked_at"], "nothing pending" if window is None else f"IntoTimes {window[0]}..{window[1]} empty")
     return {k: v.summary() for k, v in results.items()}

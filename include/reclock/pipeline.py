@@ -375,9 +375,9 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
                     raced.by_another_run = failed_by_another_run(name, ctx, window, results)
                 if raced.by_another_run:  # its batch was checked by the run that published it
                     results, window = {}, None
-            results = {"remap": remap_report.result(), **results}
+            results, read = {"remap": remap_report.result(), **results}, window and ctx.tables.attempt_name(window[1])
     check_log.record(ctx.tables, name, results, window, remap.upper, docs=gx.docs_dir,
-                     remap_digest=digest)  # durable before raising
+                     remap_digest=digest, attempt=read)  # durable before raising; publish publishes `read`
     log.info("%s: checks %s; Great Expectations Data Docs: %s", name,
              "passed" if all(r.success for r in results.values()) else "FAILED",
              ", ".join(os.path.join(gx.docs_dir, page) for r in results.values() for page in r.docs)
@@ -389,8 +389,8 @@ def check(name: str, runtime: Where = None, spark=None) -> dict:
 
 
 def publish(name: str, runtime: Where = None, spark=None) -> dict:
-    """Commit the checked staged batch into the reclocked table (one idempotent Delta commit), then type what is
-    published into the typed tables (a Postgres source: :func:`reclock.typed_tables.type_published`).
+    """Commit the staged attempt the check read into the reclocked table (one idempotent Delta commit), then type
+    what is published into the typed tables (a Postgres source: :func:`reclock.typed_tables.type_published`).
 
     Only a batch whose checks passed is published: the last check record (:mod:`reclock.check_log`) must be
     a success for this very window, else :class:`reclock.checks.ChecksFailed` and nothing is published.  The
@@ -426,7 +426,7 @@ def _publish(name: str, ctx: SourceContext) -> dict:
                            + ("not passed its checks" if checked.get("window") == list(window) else "not been checked")
                            + " (run `reclock check` after staging; docs: checks.md)")
     with published_meanwhile(name, ctx, window[1], "publish") as raced:
-        published = ctx.tables.publish_staged(window[1])
+        published = ctx.tables.publish_staged(window[1], checked.get("attempt"))  # the attempt checked
     if raced.by_another_run:
         return {"published": False, "reclocked_upper": ctx.tables.reclocked_upper(), "published_by_another_run": True}
     return {"published": published, "reclocked_upper": ctx.tables.reclocked_upper()}

@@ -1,8 +1,9 @@
 """Staged batches: Spark writes a batch of reclocked rows as Parquet under
 ``<source>/reclocked/staged/upto=<t>/<attempt>/`` (a fresh attempt directory per :meth:`StagingTables.stage`,
 ``_SUCCESS`` marks a complete one), inside the reclocked table's directory but not in its Delta log, so no reader
-sees it.  Once checked, :meth:`StagingTables.publish_staged` adds the latest complete attempt's files to the table
-as they are, in one idempotent delta-rs commit (``add`` actions with statistics from the files' footers, and the
+sees it.  Once checked, :meth:`StagingTables.publish_staged` adds the files of the attempt the check read
+(:meth:`StagingTables.attempt_name`; by default the latest complete one) to the table as they are, in one
+idempotent delta-rs commit (``add`` actions with statistics from the files' footers, and the
 app transaction ``reclock.reclocked`` = ``t``), and removes the rest: the batch is written once, by Spark.
 Attempts never published are removed by the publish; after a crash in between, VACUUM removes their data files.
 
@@ -216,17 +217,29 @@ class StagingTables(Tables):
             raise found
         return found
 
+    def attempt_name(self, upto: int) -> str:
+        """The name of the staged attempt for ``upto`` that reads of it read: the latest complete one (while
+        :meth:`pinned`, the one the first read found).  A check records it; the publish publishes that one."""
+        _, attempt = self._attempts(self._fs(), upto)
+        return attempt.rsplit("/", 1)[-1]
+
+    @staticmethod
+    def _attempt_dirs(fs: pafs.FileSystem, upto: int) -> list[str]:
+        return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(upto_dir(upto), allow_not_found=True))
+                      if i.type == pafs.FileType.Directory)
+
     def _latest_attempts(self, fs: pafs.FileSystem, upto: int) -> tuple[list[str], str]:
-        attempts = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(upto_dir(upto), allow_not_found=True))
-                          if i.type == pafs.FileType.Directory)
+        attempts = self._attempt_dirs(fs, upto)
         complete = [a for a in attempts if fs.get_file_info(f"{a}/{SUCCESS}").type == pafs.FileType.File]
         if not complete:
             raise WarehouseError(f"no complete staged attempt (with {SUCCESS}) under {self.uri}/{upto_dir(upto)}")
         return attempts, complete[-1]
 
-    def publish_staged(self, upto: int) -> bool:
-        """Add the latest complete staged attempt for ``upto`` to the reclocked table in one idempotent commit, its
-        files as they are (not copied); False if already published.
+    def publish_staged(self, upto: int, attempt: str | None = None) -> bool:
+        """Add the staged attempt ``attempt`` (a name of :meth:`attempt_name`: the one the check passed on; None: the
+        latest complete one) for ``upto`` to the reclocked table in one idempotent commit, its files as they are (not
+        copied); False if already published.  An ``attempt`` that is not complete (gone: removed by hand or by
+        VACUUM) is a :class:`~reclock.storage.layout.WarehouseError`, and nothing is published.
 
         The files are checked first, from their footers: the table's columns, IntoTimes in
         ``(published, upto]``.  The commit carries the app transaction ``reclock.reclocked`` = ``upto``: when a
@@ -246,7 +259,14 @@ class StagingTables(Tables):
         if dt is None:
             raise WarehouseError(f"{self.table_uri('reclocked')}: no reclocked table to publish into")
         fs = self._fs()
-        attempts, attempt = self._attempts(fs, upto)
+        if attempt is None:
+            attempts, attempt = self._attempts(fs, upto)
+        else:
+            attempts, attempt = self._attempt_dirs(fs, upto), f"{upto_dir(upto)}/{attempt}"
+            if fs.get_file_info(f"{attempt}/{SUCCESS}").type != pafs.FileType.File:
+                raise WarehouseError(f"{self.uri}: the staged attempt {attempt} that passed its checks is no longer "
+                                     f"complete (no {SUCCESS}); nothing published: stage and check IntoTimes up to "
+                                     f"{upto} again")
         staged = [(info, self._check_staged(fs, info, published + 1, upto)) for info in parquet_files(fs, attempt)]
         staged = [(info, stats) for info, stats in staged if stats["numRecords"]]  # not a file without rows
         self._publish_dead_letters(fs, attempt, upto)
