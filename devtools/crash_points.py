@@ -5,7 +5,9 @@ Spark's Python workers, all lost at once as in a machine crash), on reaching the
 * ``after-<step>``: a step of :func:`reclock.pipeline.run_once` returned (``tick``, ``stage``, ...);
 * ``<commit>:before``, ``<commit>:inside``, ``<commit>:after``: around a Delta commit (the names of
   :mod:`reclock.points`).  ``inside``: as soon as the write adds a file to the table's directory (a data file, or
-  its ``_delta_log`` commit), before the write returns (local tables only).
+  its ``_delta_log`` commit), before the write returns; a watcher thread polls for it, and when the write added one
+  before the watcher saw it (a loaded machine: the thread was not scheduled meanwhile), as the write returns,
+  before the step goes on (local tables only).
 
 A command process installs it with :func:`install_from_env` (``devtools/warm_step.py``, ``python -m
 devtools.crash_points ARGS``: ``reclock ARGS`` with the crash point of the environment).
@@ -37,14 +39,17 @@ class KillAt:
             yield
             return
         self.reached(f"{name}:before")
-        stop = threading.Event()
+        stop, watcher = threading.Event(), None
         if self.point == f"{name}:inside" and "://" not in table_uri.replace("file://", ""):
-            threading.Thread(target=_die_on_new_file, args=(table_uri.replace("file://", ""), stop),
-                             daemon=True).start()
+            table = table_uri.replace("file://", "")
+            watcher = threading.Thread(target=_die_on_new_file, args=(table, _files(table), stop), daemon=True)
+            watcher.start()
         try:
             yield
         finally:
             stop.set()
+            if watcher is not None:
+                watcher.join()  # its last look, after the write: a file it added is never missed
         self.reached(f"{name}:after")
 
 
@@ -60,14 +65,19 @@ def install_from_env() -> KillAt | None:
     return observer
 
 
-def _die_on_new_file(table: str, stop: threading.Event) -> None:
-    def files() -> set[str]:
-        return {f"{d}/{n}" for d in (table, f"{table}/_delta_log") if os.path.isdir(d) for n in os.listdir(d)}
+def _files(table: str) -> set[str]:
+    return {f"{d}/{n}" for d in (table, f"{table}/_delta_log") if os.path.isdir(d) for n in os.listdir(d)}
 
-    before = files()
-    while not stop.wait(0.002):
-        if files() - before:
+
+def _die_on_new_file(table: str, before: set[str], stop: threading.Event) -> None:
+    """Die once ``table`` holds a file not in ``before``, looking every 2 ms and once more after ``stop``."""
+    while True:
+        if _files(table) - before:
             _die()
+        if stop.wait(0.002):
+            if _files(table) - before:
+                _die()
+            return
 
 
 def _die() -> None:
