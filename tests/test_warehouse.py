@@ -21,7 +21,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pytest
 from conftest import stage_parquet
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -550,6 +550,24 @@ def test_a_tick_commits_without_spark_and_loses_a_race_to_another_tick(tables, m
     assert len(tables.snapshot_files("remap")) == len(files) + 2 * moved  # a file for each tick with rows
     assert {t: u for t, u in tables.recorded_upstreams().items() if t > 5} == {7: upstream, 9: seen}
     assert DeltaTable(tables.table_uri("remap")).transaction_version(REMAP_APP) == 9
+
+
+def test_an_append_after_a_rewrite_removed_files_it_read_is_a_lost_race(tmp_path):
+    """delta-rs refuses an append (even of no file: compaction's ``since``) whose read version had files another
+    writer's rewrite removed since ("a concurrent transaction deleted data this operation read"): that is a
+    ConcurrentWriteError, nothing committed, as every lost race (a raw CommitFailedError ended racing runs with a
+    traceback in ``make soak --part runs``)."""
+    from reclock.storage import commits
+
+    rows = pa.table({"a": pa.array([1, 2, 3], pa.int64())})
+    write_deltalake(str(tmp_path), rows)
+    write_deltalake(str(tmp_path), rows, mode="append")
+    read = DeltaTable(str(tmp_path))
+    DeltaTable(str(tmp_path)).delete("a = 1")  # a rewrite: removes the files `read` holds
+    with pytest.raises(storage.ConcurrentWriteError, match="another writer committed since this step read the table "
+                                                           r"\(committing reclock.since = 5\); nothing written"):
+        commits.commit_added(read, [], commits.SINCE_APP, 5)
+    assert DeltaTable(str(tmp_path)).transaction_version(commits.SINCE_APP) is None
 
 
 @pytest.mark.parametrize("racer", ["publish", "covered-rows", "rewrite"])
