@@ -631,6 +631,31 @@ def test_publish_refuses_a_window_another_publish_covered(tables, monkeypatch):
         tables.publish_staged(6)
 
 
+def test_a_publish_racing_a_rewrite_of_the_table_tries_again(tables, monkeypatch):
+    """A rewrite of the reclocked table that changes data (a compaction's fold; here a delete) landing while a publish
+    prepares its commit removes files of the version the publish read, and delta-rs refuses the commit: no publish
+    landed, so the publish reads the table again and commits (the step failed on it before)."""
+    store(tables, ticks(Remap(), (5, {0: 1}), (6, {0: 2}), (7, {0: 3})))
+    rows = [{"value": v, "partition": 0, "offset": o, "into_time": t, "diff": 1} for v, o, t in
+            [("a", 0, 5), ("b", 1, 6), ("c", 2, 7)]]
+    for row in rows[:2]:
+        stage_parquet(tables, row["into_time"], [row])
+        assert tables.publish_staged(row["into_time"])
+    stage_parquet(tables, 7, rows[2:])
+    check, rewrites = tables._check_staged, []
+
+    def racing_check(*args):  # a rewrite drops the file of "a" while this publish checks its own
+        monkeypatch.setattr(tables, "_check_staged", check)
+        rewrites.append(DeltaTable(tables.table_uri("reclocked")).delete("value = 'a'"))
+        return check(*args)
+
+    monkeypatch.setattr(tables, "_check_staged", racing_check)
+    assert tables.publish_staged(7)
+    assert rewrites[0]["num_removed_files"] == 1
+    assert sorted(r["value"] for r in tables.read_reclocked_arrow().to_pylist()) == ["b", "c"]
+    assert tables.reclocked_upper() == 8
+
+
 @pytest.mark.parametrize("corruption, failing", [
     ("double-increment", ["remap.within_upstream"]),
     ("beyond-upstream", ["remap.within_upstream"]),

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from . import commits
 from .commits import DEAD_LETTER_APP, RECLOCKED_APP, app_version
 from .files import add_action, drop_leftovers, footer, footer_rows, parquet_files, parquet_stats
-from .layout import (STAGED, STAGED_DEAD_LETTERS, STAGED_METADATA, SUCCESS, Kind, WarehouseError, attempt_dir,
-                     same_columns, schema_diff, upto_dir)
+from .layout import (STAGED, STAGED_DEAD_LETTERS, STAGED_METADATA, SUCCESS, ConcurrentWriteError, Kind,
+                     WarehouseError, attempt_dir, same_columns, schema_diff, upto_dir)
 from .side_files import write_json
 from .tables import Tables
 
@@ -36,6 +36,8 @@ log = logging.getLogger("reclock")
 
 #: Rows of a staged file read at once by :meth:`StagingTables.staged_batches`.
 BATCH_ROWS = 1 << 20
+#: The commits a publish tries (:meth:`StagingTables.publish_staged`), each after reading the table again.
+PUBLISH_TRIES = 3
 
 
 class StagingTables(Tables):
@@ -245,10 +247,19 @@ class StagingTables(Tables):
         ``(published, upto]``.  The commit carries the app transaction ``reclock.reclocked`` = ``upto``: when a
         racing publish committed one since this one read the table, Delta refuses it
         (:class:`~reclock.storage.layout.ConcurrentWriteError`, nothing written), so no window is added twice.  A
+        commit refused while no publish landed (a compaction's rewrite removed files of the version it read: delta-rs
+        refuses that too) is tried again from reading the table, :data:`PUBLISH_TRIES` times in all.  A
         batch without rows commits the app transaction alone.  Other attempts for ``upto`` (never published) are
         deleted, and the published one keeps only its data files (a failure there, after the commit, is logged:
         VACUUM removes what is left).
         """
+        for _ in range(PUBLISH_TRIES - 1):
+            if (done := self._publish_staged(upto, attempt, again=True)) is not None:
+                return done
+        return self._publish_staged(upto, attempt, again=False)
+
+    def _publish_staged(self, upto: int, attempt: str | None, again: bool) -> bool | None:
+        """One try of :meth:`publish_staged`; None when ``again`` and a rewrite refused its commit."""
         dt = self._table_or_none("reclocked")
         published = -1 if dt is None else app_version(dt, RECLOCKED_APP, -1)
         if published >= upto:
@@ -270,7 +281,15 @@ class StagingTables(Tables):
         staged = [(info, self._check_staged(fs, info, published + 1, upto)) for info in parquet_files(fs, attempt)]
         staged = [(info, stats) for info, stats in staged if stats["numRecords"]]  # not a file without rows
         self._publish_dead_letters(fs, attempt, upto)
-        commits.commit_added(dt, [add_action(info, stats, "reclocked") for info, stats in staged], RECLOCKED_APP, upto)
+        try:
+            commits.commit_added(dt, [add_action(info, stats, "reclocked") for info, stats in staged], RECLOCKED_APP,
+                                 upto)
+        except ConcurrentWriteError as e:
+            if not again or app_version(self.table("reclocked"), RECLOCKED_APP, -1) != published:
+                raise  # out of tries, or a racing publish committed: as it is
+            log.info("%s: publishing IntoTimes up to %d raced a rewrite of the table (%s); trying again", self.uri,
+                     upto, e)
+            return None
         try:  # published: what is left to remove never fails the publish (VACUUM removes it otherwise)
             for other in attempts:  # never published
                 if other != attempt:
