@@ -58,7 +58,10 @@ VACUUM                      each         delta-rs (full)       deletes only file
 ==========================  ===========  ====================  ==================================================
 
 A write whose app version is not above the stored one commits nothing, so a step rerun after a crash commits
-nothing twice; a conflict is :class:`ConcurrentWriteError` naming the table and what was not written.  A table
+nothing twice; a conflict is :class:`ConcurrentWriteError` naming the table and what was not written.  delta-rs
+also refuses an append after a commit that removed files of the version it read (a rewrite that changed data: a
+compaction's fold, a delete), though the append touches none of them: a tick retries, a publish reads the table and
+commits again when no publish landed meanwhile, a compaction leaves the rest to the next one.  A table
 another Delta writer changed beyond what reclock reads and writes is refused when opened
 (:mod:`reclock.storage.table_protocol`).  Each commit is observed as :mod:`reclock.points`'s commit of its name (the
 crash points of the fault tests).  Every commit is delta-rs's, which claims a version with put-if-absent on a local
