@@ -30,8 +30,9 @@ sizes        for each N of ``--sizes`` (default 100K, 1M, 10M records) on a fres
 empty        the same run with no new records: a tick's fixed cost with Spark up (median of 3);
 partitions   the same ``--partition-records`` over ``--wide-partitions`` (64) and ``--partitions``
              partitions, each a source's next tick (its first tick that reads took as many records before it,
-             timed too: ``first_ratio``), after an untimed read of them as in sizes: reclock time wide / narrow;
-             and Spark's own copy of the next tick's offsets after it, wide / narrow (its baseline: Spark's Kafka
+             timed too: ``first_ratio``), after an untimed read of them as in sizes, the two counts back to back
+             in ``--partition-rounds`` (3) rounds of alternating order: reclock time wide / narrow, medians; and
+             Spark's own copy of the last tick's offsets after it, wide / narrow (its baseline: Spark's Kafka
              source pays a consumer per partition too, in a group of its own per read);
 airflow      one DAG run of ``--dag-records`` (100K) records under ``airflow dags test reclock_<name>``
              (after one run with nothing, which creates the tables), in a fresh Airflow home; then Airflow's
@@ -108,6 +109,11 @@ PARSE_SOURCES = 1_000
 
 
 # --- measuring ---------------------------------------------------------------------------------
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of ``runs`` (:meth:`Bench.run`'s) whose ``seconds`` is the median (of an even count, the lower)."""
+    return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
 
 
 def timed(fn, *args, **kwargs):
@@ -388,6 +394,7 @@ class Bench:
         self.args, self.workdir, self.bootstrap, self.spark, self.gc_log = args, workdir, bootstrap, spark, gc_log
         self.config = workdir / "sources.yaml"
         self.sources: dict[str, tuple[str, int]] = {}  # name -> (topic, partitions)
+        self.last_bounds: dict[str, dict[int, tuple[int, int]]] = {}  # name -> offsets its last produce added
         self.produced: dict[str, int] = {}
         self.pids = {"driver": driver, "python": os.getpid()}
 
@@ -570,7 +577,7 @@ class Bench:
         section("empty: a full run with no new records (Spark up)")
         runs = [self.run(name) for _ in range(3)]
         seconds = [r["seconds"] for r in runs]
-        median = sorted(runs, key=lambda r: r["seconds"])[1]
+        median = median_run(runs)
         print(f"  3 runs: {', '.join(f'{s:.2f}s' for s in seconds)}; median {median['seconds']:.2f}s: "
               + ", ".join(f"{s} {t:.2f}s" for s, t in median["steps_s"].items()))
         return {"runs_s": seconds, "median_s": median["seconds"], "steps_s": median["steps_s"]}
@@ -578,36 +585,58 @@ class Bench:
     # partitions -------------------------------------------------------------------------------
 
     def partitions(self) -> dict:
+        """The same records over ``--wide-partitions`` and ``--partitions`` partitions, each a source's next tick,
+        in rounds that run both counts back to back under one server state (:meth:`partition_ticks`)."""
         a = self.args
-        section(f"partitions: {a.partition_records:,} records over {a.wide_partitions} vs {a.partitions} partitions")
-        times, firsts, copies = {}, {}, {}
-        for count in (a.partitions, a.wide_partitions):
-            name = self.add_source(f"p{count}", count)
+        counts = (a.partitions, a.wide_partitions)
+        section(f"partitions: {a.partition_records:,} records over {a.wide_partitions} vs {a.partitions} partitions"
+                f" ({a.partition_rounds} next ticks each)")
+        names = {count: self.add_source(f"p{count}", count) for count in counts}
+        for name in names.values():
             pipeline.run_once(name, str(self.config), self.spark)
-            topic, done = self.sources[name][0], {}
-            for tick in ("first", "next"):  # the next is timed: a scheduled source's ticks are next ticks
-                self.produce(name, a.partition_records)
-                bounds = {p: (done.get(p, 0), end) for p, end in topic_upper(self.bootstrap, topic).items()}
-                read_through(self.spark, self.bootstrap, topic, bounds)  # as the sizes: no timed reader is the first
-                (firsts if tick == "first" else times)[count] = self.run(name)
-                done = {p: end for p, (_, end) in bounds.items()}
-            # the baseline: Spark's own copy of the same offsets, after reclock
+        firsts = self.partition_ticks(names, counts)
+        rounds = [self.partition_ticks(names, counts if r % 2 else counts[::-1])
+                  for r in range(a.partition_rounds)]
+        times = {count: median_run([r[count] for r in rounds]) for count in counts}
+        copies = {}
+        for count, name in names.items():  # the baseline: Spark's own copy of the last tick's offsets, after reclock
             self.collect()
-            copies[count] = spark_copy(self.spark, self.bootstrap, topic, bounds, self.workdir / f"copy-{name}")
+            copies[count] = spark_copy(self.spark, self.bootstrap, self.sources[name][0], self.last_bounds[name],
+                                       self.workdir / f"copy-{name}")
         ratio = times[a.wide_partitions]["seconds"] / times[a.partitions]["seconds"]
         first_ratio = firsts[a.wide_partitions]["seconds"] / firsts[a.partitions]["seconds"]
         copy_ratio = copies[a.wide_partitions] / copies[a.partitions]
         print(table(["partitions", "first tick s", "reclock s"] + [f"{s} s" for s in pipeline.STEPS]
-                    + ["Spark's copy s"],
+                    + ["next ticks s", "Spark's copy s"],
                     [[p, f"{firsts[p]['seconds']:.2f}", f"{r['seconds']:.2f}"]
-                     + [f"{r['steps_s'][s]:.2f}" for s in pipeline.STEPS] + [f"{copies[p]:.2f}"]
+                     + [f"{r['steps_s'][s]:.2f}" for s in pipeline.STEPS]
+                     + [" ".join(f"{x[p]['seconds']:.2f}" for x in rounds), f"{copies[p]:.2f}"]
                      for p, r in times.items()]))
-        print(f"  {a.wide_partitions} / {a.partitions}: {ratio:.2f}x (a source's first tick that reads: "
-              f"{first_ratio:.2f}x; Spark's own copy of the same offsets: {copy_ratio:.2f}x)")
-        return {"records": a.partition_records, "seconds": {str(p): r["seconds"] for p, r in times.items()},
+        print(f"  {a.wide_partitions} / {a.partitions}: {ratio:.2f}x, medians of {a.partition_rounds} next ticks (a "
+              f"source's first tick that reads: {first_ratio:.2f}x; Spark's own copy of the same offsets: "
+              f"{copy_ratio:.2f}x)")
+        return {"records": a.partition_records, "rounds": a.partition_rounds,
+                "seconds": {str(p): r["seconds"] for p, r in times.items()},
                 "steps_s": {str(p): r["steps_s"] for p, r in times.items()}, "ratio": ratio,
+                "next_seconds": {str(p): [x[p]["seconds"] for x in rounds] for p in counts},
                 "first_seconds": {str(p): r["seconds"] for p, r in firsts.items()}, "first_ratio": first_ratio,
                 "copy_s": {str(p): c for p, c in copies.items()}, "copy_ratio": copy_ratio}
+
+    def partition_ticks(self, names: dict[int, str], order) -> dict[int, dict]:
+        """One tick of each source of ``names`` (partition count -> source), timed, in ``order``: first every
+        topic gets ``--partition-records`` more records and an untimed read of them (as in sizes: no timed reader
+        is the first), then the ticks run back to back.  Spark's reads leave their consumers idle in the
+        server's pool (a group of its own per read), and a server holding hundreds of them read slower
+        (``bench/README.md``, "Idle consumers"): both counts are timed after the same reads."""
+        for count in order:
+            name = names[count]
+            done = {p: end for p, (_, end) in self.last_bounds.get(name, {}).items()}
+            self.produce(name, self.args.partition_records)
+            topic = self.sources[name][0]
+            self.last_bounds[name] = {p: (done.get(p, 0), end)
+                                      for p, end in topic_upper(self.bootstrap, topic).items()}
+            read_through(self.spark, self.bootstrap, topic, self.last_bounds[name])
+        return {count: self.run(names[count]) for count in order}
 
     # profiles of missed targets ---------------------------------------------------------------
 
@@ -983,6 +1012,8 @@ def parse_args(argv=None):
     parser.add_argument("--wide-partitions", type=int, default=64)
     parser.add_argument("--partition-records", type=int, default=1_000_000,
                         help="records of the partitions comparison (default 1000000)")
+    parser.add_argument("--partition-rounds", type=int, default=3,
+                        help="next ticks of each partition count, the median timed (default 3)")
     parser.add_argument("--dag-records", type=int, default=100_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--spark-master", default="local[2]")

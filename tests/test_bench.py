@@ -101,3 +101,50 @@ def test_the_bench_writes_a_wide_topic_in_batches_of_many_records(spark, pytestc
     produce(spark, broker["bootstrap"], topic, 0, 64_000, 64, 100)
     sizes = _batch_sizes(Path(broker["log_dir"]) / f"{topic}-0")
     assert sum(sizes) == 1_000 and len(sizes) <= 100, (len(sizes), sizes[:20])
+
+
+def test_the_partitions_section_times_both_counts_after_the_same_reads(monkeypatch, tmp_path):
+    """Spark's untimed reads leave their consumers idle in the server, and a server holding hundreds read slower:
+    timed one count after the other, 64 partitions read after 8's reads and their own (1.62x of 8 in the bench of
+    1ec6e80).  Each round produces and reads both topics first, then times both ticks back to back, in alternating
+    order; each tick reads on from where the last one stopped, and the copies read the last tick's offsets."""
+    import bench.reclock_bench as rb
+
+    events, uppers = [], {}
+
+    class Recorded(rb.Bench):
+        def add_source(self, name, partitions, topic=None):
+            self.sources[name] = (f"t-{name}", partitions)
+            return name
+
+        def produce(self, name, count):
+            topic, partitions = self.sources[name]
+            uppers[topic] = {p: uppers.get(topic, {}).get(p, 0) + count // partitions for p in range(partitions)}
+            events.append(("produce", name))
+
+        def run(self, name, shrink=False):
+            events.append(("run", name))
+            return {"seconds": {"p8": 1.0, "p64": 1.2}[name] + len(events) / 1000, "steps_s": {}}
+
+        def collect(self):
+            pass
+
+    monkeypatch.setattr(rb, "topic_upper", lambda bootstrap, topic: dict(uppers[topic]))
+    monkeypatch.setattr(rb, "read_through", lambda spark, b, topic, bounds: events.append(("read", topic, bounds)))
+    monkeypatch.setattr(rb, "spark_copy", lambda spark, b, topic, bounds, out: events.append(("copy", topic, bounds))
+                        or 1.0)
+    monkeypatch.setattr(rb.pipeline, "run_once", lambda name, config, spark: events.append(("create", name)))
+    monkeypatch.setattr(rb.pipeline, "STEPS", ())
+    args = type("Args", (), {"partitions": 8, "wide_partitions": 64, "partition_records": 64, "partition_rounds": 3})
+    out = Recorded(args, tmp_path, "b", None, None).partitions()
+
+    kinds = [e[0] + (e[1] if e[0] != "read" else e[1][2:]) for e in events]
+    assert kinds[:2] == ["createp8", "createp64"]
+    ticks = [kinds[i:i + 6] for i in range(2, 26, 6)]
+    assert ticks[0] == ticks[2] == ["producep8", "readp8", "producep64", "readp64", "runp8", "runp64"]
+    assert ticks[1] == ticks[3] == ["producep64", "readp64", "producep8", "readp8", "runp64", "runp8"]
+    assert kinds[26:] == ["copyt-p8", "copyt-p64"]
+    reads = {t: [e[2] for e in events if e[0] == "read" and e[1] == t] for t in ("t-p8", "t-p64")}
+    assert reads["t-p8"] == [{p: (8 * i, 8 * (i + 1)) for p in range(8)} for i in range(4)]
+    assert [e[2] for e in events if e[0] == "copy"] == [reads["t-p8"][-1], reads["t-p64"][-1]]
+    assert len(out["next_seconds"]["64"]) == 3 and out["seconds"]["64"] == sorted(out["next_seconds"]["64"])[1]
