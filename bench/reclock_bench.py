@@ -338,22 +338,33 @@ def produce(spark, bootstrap: str, topic: str, start: int, count: int, partition
 BATCH_BYTES = 1 << 20
 
 
-def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]):
+def kafka_range(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]], group: str | None = None):
     """Spark's own Kafka source over offsets ``[start, end)`` of each partition in ``bounds``, with reclock's
     ``fetch.max.wait.ms`` (:data:`reclock.spark.kafka.SPARK_FETCH_MAX_WAIT_MS`): Kafka's default would cost it
-    ~0.5 s per partition at the log end, and the baseline must not be slower than it need be."""
+    ~0.5 s per partition at the log end, and the baseline must not be slower than it need be.  ``group``: the
+    consumers' group (Spark's default: one of its own per read)."""
     offsets_at = lambda i: json.dumps({topic: {str(p): b[i] for p, b in bounds.items()}})  # noqa: E731
-    return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("kafka.isolation.level", "read_committed").option("subscribe", topic)
-            .option("kafka.fetch.max.wait.ms", str(SPARK_FETCH_MAX_WAIT_MS))
-            .option("startingOffsets", offsets_at(0)).option("endingOffsets", offsets_at(1)).load())
+    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("kafka.isolation.level", "read_committed").option("subscribe", topic)
+              .option("kafka.fetch.max.wait.ms", str(SPARK_FETCH_MAX_WAIT_MS)))
+    if group is not None:
+        reader = reader.option("kafka.group.id", group)
+    return reader.option("startingOffsets", offsets_at(0)).option("endingOffsets", offsets_at(1)).load()
 
 
 def read_through(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]]) -> None:
     """Read the offsets once, untimed, writing nothing (Spark's ``noop`` sink): the first reader of records just
     produced is slower than the next ones (1M records copied three times in a row, in a local session on 2026-11-27:
-    7.61, 6.23 and 6.00 s), and no timed reader should be that first one."""
-    kafka_range(spark, bootstrap, topic, bounds).write.format("noop").mode("overwrite").save()
+    7.61, 6.23 and 6.00 s), and no timed reader should be that first one.  The reads share one consumer group,
+    :data:`READ_THROUGH_GROUP`, so the server's consumer pool keeps one consumer per partition for them: in a group
+    of its own per read, each left a consumer per partition idle in the pool for five minutes, and a server
+    holding hundreds of them reads slower (``bench/README.md``, "Idle consumers")."""
+    (kafka_range(spark, bootstrap, topic, bounds, group=READ_THROUGH_GROUP)
+     .write.format("noop").mode("overwrite").save())
+
+
+#: The consumer group of the bench's untimed reads (:func:`read_through`).
+READ_THROUGH_GROUP = "reclock-bench-read-through"
 
 
 def spark_copy(spark, bootstrap: str, topic: str, bounds: dict[int, tuple[int, int]], out: Path) -> float:
