@@ -31,7 +31,7 @@ empty        the same run with no new records: a tick's fixed cost with Spark up
 partitions   the same ``--partition-records`` over ``--wide-partitions`` (64) and ``--partitions``
              partitions, each a source's next tick (its first tick that reads took as many records before it,
              timed too: ``first_ratio``), after an untimed read of them as in sizes, the two counts back to back
-             in ``--partition-rounds`` (3) rounds of alternating order: reclock time wide / narrow, medians; and
+             in ``--partition-rounds`` (5) rounds of alternating order: reclock time wide / narrow, medians; and
              Spark's own copy of the last tick's offsets after it, wide / narrow (its baseline: Spark's Kafka
              source pays a consumer per partition too, in a group of its own per read);
 airflow      one DAG run of ``--dag-records`` (100K) records under ``airflow dags test reclock_<name>``
@@ -636,7 +636,7 @@ class Bench:
     def partition_ticks(self, names: dict[int, str], order) -> dict[int, dict]:
         """One tick of each source of ``names`` (partition count -> source), timed, in ``order``: first every
         topic gets ``--partition-records`` more records and an untimed read of them (as in sizes: no timed reader
-        is the first), then the ticks run back to back.  Spark's reads leave their consumers idle in the
+        is the first), then the ticks run back to back, each from a driver collected fully.  Spark's reads leave their consumers idle in the
         server's pool (a group of its own per read), and a server holding hundreds of them read slower
         (``bench/README.md``, "Idle consumers"): both counts are timed after the same reads."""
         for count in order:
@@ -647,7 +647,11 @@ class Bench:
             self.last_bounds[name] = {p: (done.get(p, 0), end)
                                       for p, end in topic_upper(self.bootstrap, topic).items()}
             read_through(self.spark, self.bootstrap, topic, self.last_bounds[name])
-        return {count: self.run(names[count]) for count in order}
+        runs = {}
+        for count in order:
+            self.collect()  # each from a driver collected fully, as the sizes' runs
+            runs[count] = self.run(names[count])
+        return runs
 
     # profiles of missed targets ---------------------------------------------------------------
 
@@ -1023,7 +1027,7 @@ def parse_args(argv=None):
     parser.add_argument("--wide-partitions", type=int, default=64)
     parser.add_argument("--partition-records", type=int, default=1_000_000,
                         help="records of the partitions comparison (default 1000000)")
-    parser.add_argument("--partition-rounds", type=int, default=3,
+    parser.add_argument("--partition-rounds", type=int, default=5,
                         help="next ticks of each partition count, the median timed (default 3)")
     parser.add_argument("--dag-records", type=int, default=100_000)
     parser.add_argument("--value-bytes", type=int, default=100)
