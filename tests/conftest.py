@@ -52,6 +52,8 @@ def pytest_configure(config):
         # The check steps of the run validate through one Great Expectations validator (reclock.validator), the
         # run's own, stopped at its end.
         os.environ["RECLOCK_VALIDATOR_DIR"] = str(config.reclock_servers.dir / services.VALIDATOR)
+        # Keys reclock keeps for the user (reclock.spark.kafka.read_key) go to the run directory, not the home.
+        os.environ["XDG_STATE_HOME"] = str(config.reclock_servers.dir / "state")
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_HandServersToWorkers(config.reclock_servers.dir))
 

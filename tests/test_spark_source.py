@@ -14,7 +14,8 @@ from reclock.sources import build_source
 from reclock.sources.base import SourceError
 from reclock.spark import kafka as spark_kafka
 from reclock.spark.kafka import (
-    one_into_time, partition_spans, read_tasks, reader_group, spark_client_options, spark_options, spark_range_rows,
+    one_into_time, partition_spans, read_key, read_tasks, reader_group, spark_client_options, spark_options,
+    spark_range_rows,
     spark_read,
 )
 from reclock.spark.source import read_ranges, read_ranges_python, segments, worker_source_error
@@ -479,6 +480,60 @@ def test_reader_group_is_a_digest_of_every_option_and_none_with_credentials():
                        ("kafka.fetch.max.wait.ms", "4"), ("kafka.bootstrap.servers", "c:9092")]:
         assert reader_group({**base, key: value})["kafka.group.id"] != group
     assert reader_group({**base, "kafka.sasl.jaas.config": 'PlainLoginModule required password="pw";'}) == {}
+
+
+def test_a_reader_group_of_options_with_credentials_is_keyed():
+    """Options carrying a password get a group only with a key, an HMAC of the options: it changes with the password
+    (Spark refuses one group with two sets of options) and with the key, and a digest of the options alone (what a
+    guess of the password could be tested against) is not it."""
+    import hashlib
+    import json
+
+    creds = {"kafka.bootstrap.servers": "b:9092", "kafka.sasl.jaas.config": 'PlainLoginModule required password="pw";'}
+    group = reader_group(creds, b"k1")["kafka.group.id"]
+    assert group.startswith("reclock-read-") and reader_group(dict(reversed(creds.items())), b"k1")["kafka.group.id"] == group
+    other = {**creds, "kafka.sasl.jaas.config": 'PlainLoginModule required password="pw2";'}
+    assert reader_group(other, b"k1")["kafka.group.id"] != group
+    assert reader_group(creds, b"k2")["kafka.group.id"] != group
+    plain = hashlib.sha256(json.dumps(sorted(creds.items())).encode()).hexdigest()[:24]
+    assert plain not in group and "pw" not in group
+
+
+def test_the_read_key_is_made_once_for_its_owner_and_read_after(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    key = read_key()
+    path = tmp_path / "state" / "reclock" / "read-key"
+    assert key is not None and len(key) == 64 and path.read_bytes() == key
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and os.listdir(path.parent) == ["read-key"]
+    assert read_key() == key  # read, not made again
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "file"))  # no directory can be made under a file
+    assert read_key() is None
+
+
+def test_reads_with_credentials_take_the_consumers_the_read_before_left(spark, kafka_broker, kafka_topic, tmp_path,
+                                                                        monkeypatch):
+    """A source whose config carries SASL credentials (here over PLAINTEXT, where the Java client leaves them unused)
+    reads in a keyed group (:func:`read_key`), so its second read takes the consumers its first left, as a source
+    without credentials does; without a key each read had a group of its own, and the first read's consumers idled
+    in Spark's pool until closed."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    topic = kafka_topic(partitions=2, prefix="sasl")
+    produce(kafka_broker, topic, [(f"k{i}", f"v{i}") for i in range(4)], partition=0)
+    spec = kafka_spec_of(kafka_broker, topic, config={"sasl.mechanism": "PLAIN", "sasl.username": "ann",
+                                                      "sasl.password": "not-used-over-plaintext"})
+    with build_source(spec) as source:
+        options = spark_options(source, {0: (0, 4)})
+    assert "kafka.sasl.jaas.config" in options
+    group = options["kafka.group.id"]
+    ranges = [(1000, 0, 0, 4)]
+    assert len(read_ranges(spark, spec, ranges).collect()) == 4
+    first = _consumers(spark, group, topic)
+    assert len(read_ranges(spark, spec, ranges).collect()) == 4
+    assert {p for _, p in first} == {"0"} and _consumers(spark, group, topic) == first
 
 
 @pytest.mark.parametrize("config, wait", [({}, "3"), ({"fetch.wait.max.ms": 200}, "200")])

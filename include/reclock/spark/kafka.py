@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import hmac
 import json
+import logging
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..sources.base import SourceError
 from ..sources.kafka import SPARK_CHARSETS, KafkaSource, check_partition_range
 from .rows import BAD_RECORD_COLUMNS, normalize_ranges, output_arrow_schema, source_error
 from .session import spark_schema
+
+log = logging.getLogger(__name__)
 
 
 def spark_read(source: KafkaSource, spark, ranges: Iterable[Sequence[Any]], on_bad_record: str = "fail"):
@@ -116,7 +120,7 @@ def spark_options(source: KafkaSource, spans: Mapping[int, tuple[int, int]]) -> 
     }
     return {
         **client,
-        **reader_group(client),
+        **reader_group(client, read_key() if _CREDENTIALS in client else None),
         "assign": json.dumps({source.topic: partitions}),
         "startingOffsets": json.dumps({source.topic: {str(p): spans[p][0] for p in partitions}}),
         "endingOffsets": json.dumps({source.topic: {str(p): spans[p][1] for p in partitions}}),
@@ -133,7 +137,7 @@ def spark_options(source: KafkaSource, spans: Mapping[int, tuple[int, int]]) -> 
     }
 
 
-def reader_group(client: Mapping[str, str]) -> dict[str, str]:
+def reader_group(client: Mapping[str, str], key: bytes | None = None) -> dict[str, str]:
     """``{"kafka.group.id": group}`` for Spark's reads with Kafka options ``client``: ``reclock-read-`` and a digest
     of the options, so a read's consumers serve the next read with the same options.
 
@@ -143,13 +147,56 @@ def reader_group(client: Mapping[str, str]) -> dict[str, str]:
     2.71 s that way, 2.25 s by the consumers a read before left; over 8 partitions 1.79 s and 1.74 s: medians
     of 4, Spark Connect on 2 cores, 2026-11-30).  Spark refuses one (group, partition) with two sets of options
     in one JVM, and the digest differs with any option.  Consumers of the group only assign and seek: it never
-    joins, commits or holds offsets.  Options carrying credentials (``sasl.jaas.config``) give ``{}``, Spark's
-    group per read: the group id is seen by the brokers, a digest of a password would leave the process.
+    joins, commits or holds offsets.
+
+    Options carrying credentials (``sasl.jaas.config``): the group is written in the Spark server's log, where a
+    plain digest of a password could be tested against guesses, so their digest is keyed (HMAC-SHA256) with
+    ``key`` (:func:`read_key`); without one, ``{}``: Spark's group per read, whose idle consumers and kept options
+    pile up in a long-lived server (``docs/sources/kafka.md``).
     """
-    if "kafka.sasl.jaas.config" in client:
-        return {}
-    digest = hashlib.sha256(json.dumps(sorted(client.items())).encode()).hexdigest()[:24]
-    return {"kafka.group.id": f"reclock-read-{digest}"}
+    payload = json.dumps(sorted(client.items())).encode()
+    if _CREDENTIALS in client:
+        if key is None:
+            return {}
+        return {"kafka.group.id": f"reclock-read-{hmac.new(key, payload, hashlib.sha256).hexdigest()[:24]}"}
+    return {"kafka.group.id": f"reclock-read-{hashlib.sha256(payload).hexdigest()[:24]}"}
+
+
+def read_key() -> bytes | None:
+    """The key of :func:`reader_group`'s digests for options carrying credentials: the file :data:`READ_KEY_FILE`
+    under ``$XDG_STATE_HOME`` (default ``~/.local/state``), made on first use (32 random bytes as hex, readable by
+    its owner only; made aside and linked into place, so a process racing another reads a whole key); None when
+    it can be neither read nor made: the reads then take Spark's group per read.  Each host (each user's state
+    directory) keeps its own key, so the reads of a source from one host share a group."""
+    import os
+    import secrets
+    from pathlib import Path
+
+    path = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / READ_KEY_FILE
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_hex(32))
+                os.link(aside, path)
+            except FileExistsError:
+                pass  # another process made it first: its key is the one
+            finally:
+                aside.unlink(missing_ok=True)
+        return path.read_text().strip().encode() or None
+    except OSError as e:
+        log.warning("no key for Spark's consumer groups of sources with credentials (%s): their reads take a "
+                    "group each", e)
+        return None
+
+
+#: The option that carries a source's credentials to Spark's Kafka source (:func:`spark_client_options`).
+_CREDENTIALS = "kafka.sasl.jaas.config"
+#: :func:`read_key`'s file, under the state directory.
+READ_KEY_FILE = "reclock/read-key"
 
 
 def _spark_text(name: str, charset: str):
